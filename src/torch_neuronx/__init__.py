@@ -1,0 +1,65 @@
+"""TorchNeuron: AWS Trainium / Inferentia as a native PyTorch device, emulated on the host.
+
+``import torch_neuronx`` (or plain ``import torch``, through the ``torch.backends``
+autoload entry point) registers the ``neuron`` device: ``torch.device("neuron")``
+tensors with their own memory, every ATen op eagerly, and ``torch.neuron``.
+Nothing touches the emulated hardware until the device is first used.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__version__ = "0.1.0"
+
+from torch_neuronx import _C  # noqa: E402  (the C++ core: allocator, guard, hooks, kernels)
+from torch_neuronx import runtime  # noqa: E402
+
+
+def _register() -> None:
+    if torch._C._get_privateuse1_backend_name() != "neuron":
+        torch.utils.rename_privateuse1_backend("neuron")
+    from torch_neuronx import device
+
+    torch._register_device_module("neuron", device)
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_storage=True, for_packed_sequence=True
+    )
+    _patch_tensor_printing()
+    _C._set_init_callback(runtime._initialize)
+    _C._route_structured_ops()
+    from torch_neuronx.tools import logging as _logging
+
+    _logging.configure_from_env()
+
+
+def _patch_tensor_printing() -> None:
+    # PyTorch's printer widens values to float64 to choose a format, except on
+    # devices it knows lack FP64 (MPS, MAIA, some XPUs); it has no registration
+    # hook for that list. Neuron lacks FP64 too: widen neuron tensors to
+    # float32 instead, as PyTorch does for MPS.
+    import torch._tensor_str as tensor_str
+
+    widen = tensor_str.tensor_totype
+    if getattr(widen, "_neuron_aware", False):
+        return
+
+    def tensor_totype(t: torch.Tensor) -> torch.Tensor:
+        return t.to(dtype=torch.float) if t.device.type == "neuron" else widen(t)
+
+    tensor_totype._neuron_aware = True  # type: ignore[attr-defined]
+    tensor_str.tensor_totype = tensor_totype
+
+
+if not hasattr(torch, "neuron"):
+    _register()
+
+
+def _autoload() -> None:
+    """Entry point of the ``torch.backends`` group: importing the package did the work.
+
+    Set ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` to keep ``import torch`` from loading it.
+    """
+
+
+__all__ = ["__version__", "runtime"]

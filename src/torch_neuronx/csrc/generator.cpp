@@ -1,0 +1,160 @@
+// Random numbers on the device.
+//
+// A neuron generator exposes a CUDA-style state of 16 bytes, (seed, offset),
+// because DTensor's RNG tracker and activation checkpointing save, shift and
+// restore exactly that. The numbers come from a CPU (mt19937) engine, so a
+// seed gives the same numbers on neuron as on CPU, the reference path:
+//  * after manual_seed(s) the engine is the CPU engine seeded with s, and
+//    successive ops draw from it as successive CPU ops would;
+//  * each op advances the offset by the values it drew (rounded up to 4, as
+//    Philox counts), so (seed, offset) names a point in the sequence;
+//  * get_state() remembers the engine at that point, and set_state() of a
+//    remembered point restores it exactly (fork_rng, checkpoint recompute);
+//  * set_state() of any other point reseeds the engine from (seed, offset),
+//    deterministically, so every rank that sets the same state draws the same
+//    numbers (DTensor's per-shard offsets).
+#include "neuron.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/GeneratorForPrivateuseone.h>
+
+#include <cstring>
+#include <deque>
+#include <mutex>
+
+namespace torch_neuronx {
+namespace {
+
+constexpr size_t kRemembered = 32;
+
+uint64_t mix(uint64_t seed, uint64_t offset) {
+  if (offset == 0) return seed;  // the CPU engine's own seeding
+  uint64_t z = seed ^ (offset * 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+struct Snapshot {
+  uint64_t seed, offset;
+  c10::intrusive_ptr<c10::TensorImpl> engine_state;
+};
+
+class NeuronGeneratorImpl final : public c10::GeneratorImpl {
+ public:
+  explicit NeuronGeneratorImpl(c10::DeviceIndex index, uint64_t seed = c10::default_rng_seed_val)
+      : c10::GeneratorImpl(c10::Device(kNeuron, index), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+        engine_(at::detail::createCPUGenerator(seed)),
+        seed_(seed) {}
+
+  void set_current_seed(uint64_t seed) override {
+    seed_ = seed;
+    offset_ = 0;
+    snapshots_.clear();
+    reseed();
+  }
+  void set_offset(uint64_t offset) override {
+    offset_ = offset;
+    reseed();
+  }
+  uint64_t get_offset() const override { return offset_; }
+  uint64_t current_seed() const override { return seed_; }
+  uint64_t seed() override {
+    const uint64_t s = c10::detail::getNonDeterministicRandom();
+    set_current_seed(s);
+    return s;
+  }
+
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    auto state = at::empty({16}, at::kByte);
+    auto* p = reinterpret_cast<uint64_t*>(state.data_ptr<uint8_t>());
+    p[0] = seed_;
+    p[1] = offset_;
+    remember();
+    return state.getIntrusivePtr();
+  }
+
+  void set_state(const c10::TensorImpl& new_state) override {
+    TORCH_CHECK_TYPE(new_state.dtype() == caffe2::TypeMeta::Make<uint8_t>() && new_state.numel() == 16 &&
+                         new_state.device().is_cpu(),
+                     "a neuron RNG state is a CPU torch.uint8 tensor of 16 bytes (seed, offset), as returned by "
+                     "torch.neuron.get_rng_state(); got ",
+                     new_state.numel(), " elements of ", new_state.dtype().name(), " on ", new_state.device());
+    TORCH_CHECK(new_state.is_contiguous(), "a neuron RNG state must be contiguous");
+    uint64_t words[2];
+    std::memcpy(words, new_state.data(), sizeof(words));
+    const uint64_t seed = words[0], offset = words[1];
+    if (seed == seed_ && offset == offset_) return;  // already there: keep the engine as it is
+    seed_ = seed;
+    offset_ = offset;
+    for (const auto& s : snapshots_) {
+      if (s.seed == seed && s.offset == offset) {
+        engine_.set_state(at::Tensor(s.engine_state));
+        return;
+      }
+    }
+    reseed();
+  }
+
+  // The engine a kernel draws from; a lease holds this generator's mutex.
+  at::Generator engine() const { return engine_; }
+  void advance(int64_t numel) {
+    offset_ += static_cast<uint64_t>((numel + 3) / 4 * 4);
+  }
+
+  NeuronGeneratorImpl* clone_impl() const override {
+    auto* g = new NeuronGeneratorImpl(device_.index(), seed_);
+    g->engine_ = engine_.clone();
+    g->offset_ = offset_;
+    g->snapshots_ = snapshots_;
+    return g;
+  }
+
+ private:
+  void reseed() {
+    engine_.set_current_seed(mix(seed_, offset_));
+  }
+  void remember() const {
+    for (const auto& s : snapshots_) {
+      if (s.seed == seed_ && s.offset == offset_) return;
+    }
+    if (snapshots_.size() == kRemembered) snapshots_.pop_front();
+    snapshots_.push_back({seed_, offset_, engine_.get_state().getIntrusivePtr()});
+  }
+
+  at::Generator engine_;
+  uint64_t seed_;
+  uint64_t offset_ = 0;
+  mutable std::deque<Snapshot> snapshots_;
+};
+
+std::once_flag g_defaults_once;
+std::vector<at::Generator> g_defaults;
+
+}  // namespace
+
+const at::Generator& default_generator(c10::DeviceIndex index) {
+  const auto n = runtime().device_count;
+  std::call_once(g_defaults_once, [n] {
+    for (c10::DeviceIndex i = 0; i < n; ++i) g_defaults.push_back(at::make_generator<NeuronGeneratorImpl>(i));
+  });
+  if (index < 0) index = current_device();
+  check_index(index);
+  return g_defaults[index];
+}
+
+at::Generator new_generator(c10::DeviceIndex index) {
+  if (index < 0) index = current_device();
+  check_index(index);
+  return at::make_generator<NeuronGeneratorImpl>(index);
+}
+
+GeneratorLease::GeneratorLease(const at::Generator& gen) : gen_(gen), lock_(gen_.mutex()) {}
+
+GeneratorLease::~GeneratorLease() { static_cast<NeuronGeneratorImpl*>(gen_.unsafeGetGeneratorImpl())->advance(numel_); }
+
+at::Generator GeneratorLease::engine() const {
+  return static_cast<NeuronGeneratorImpl*>(gen_.unsafeGetGeneratorImpl())->engine();
+}
+
+}  // namespace torch_neuronx

@@ -1,0 +1,130 @@
+// The kernels the device needs of its own (as in PyTorch's OpenReg backend):
+// allocation, copies across the device boundary, resizing, metadata views.
+// Every other op reaches the boxed fallback.
+#include "neuron.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/native/TensorFactories.h>
+#include <ATen/ops/as_strided_cpu_dispatch.h>
+#include <ATen/ops/set_cpu_dispatch.h>
+#include <ATen/ops/set_native.h>
+#include <ATen/ops/view_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+namespace torch_neuronx {
+namespace {
+
+c10::DeviceIndex target_index(std::optional<c10::Device> device) {
+  const auto index = device && device->has_index() ? device->index() : current_device();
+  check_index(index);
+  return index;
+}
+
+const c10::DispatchKeySet kDeviceKeys(c10::DispatchKey::PrivateUse1);
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool>, std::optional<c10::MemoryFormat> memory_format) {
+  TORCH_CHECK(!layout || *layout == c10::kStrided, "neuron supports only strided (dense) tensors, got layout ",
+              *layout);
+  const auto type = c10::dtype_or_default(dtype);
+  check_dtype(type);
+  c10::DeviceGuard guard(c10::Device(kNeuron, target_index(device)));
+  return at::detail::empty_generic(size, device_allocator(), kDeviceKeys, type, memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                         std::optional<bool>) {
+  TORCH_CHECK(!layout || *layout == c10::kStrided, "neuron supports only strided (dense) tensors, got layout ",
+              *layout);
+  const auto type = c10::dtype_or_default(dtype);
+  check_dtype(type);
+  c10::DeviceGuard guard(c10::Device(kNeuron, target_index(device)));
+  return at::detail::empty_strided_generic(size, stride, device_allocator(), kDeviceKeys, type);
+}
+
+// Copies between host and device, or between cores: both sides are host
+// memory, so the CPU copy kernel does it (dtype conversion, broadcasting,
+// and the conjugate/negative bits included).
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  const auto on_device = [](const at::Tensor& t) { return t.device().type() == kNeuron; };
+  TORCH_CHECK(on_device(self) || self.is_cpu(), "copy between neuron and ", self.device(), " is not supported");
+  TORCH_CHECK(on_device(dst) || dst.is_cpu(), "copy between neuron and ", dst.device(), " is not supported");
+  at::Tensor src = on_device(self) ? cpu_alias(self) : self;
+  at::Tensor out = on_device(dst) ? cpu_alias(dst) : dst;
+  out.copy_(src, non_blocking);
+  return dst;
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format) {
+  c10::DeviceGuard guard(self.device());  // growth allocates on the tensor's own core
+  return at::native::resize_(self, C10_AS_INTARRAYREF_SLOW(size), memory_format);
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  resize_(dst, self.sym_sizes(), std::nullopt);
+  return copy_from(self, dst, false);
+}
+
+at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                      std::optional<c10::SymInt> offset) {
+  return at::cpu::as_strided_symint(self, size, stride, std::move(offset));
+}
+
+at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) { return at::native::view(self, size); }
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
+  return at::native::_reshape_alias(self, size, stride);
+}
+
+at::Tensor unfold(const at::Tensor& self, int64_t dim, int64_t size, int64_t step) {
+  return at::native::unfold(self, dim, size, step);
+}
+
+at::Tensor& set_storage(at::Tensor& self, at::Storage storage, int64_t offset, c10::IntArrayRef size,
+                        c10::IntArrayRef stride) {
+  TORCH_CHECK(!storage.data_ptr() || storage.device().type() == kNeuron,
+              "set_: expected a neuron storage, got one on ", storage.device());
+  return at::cpu::set_(self, storage, offset, size, stride);
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, at::Storage storage) { return at::native::set_(self, storage); }
+
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
+  return at::native::set_tensor_(self, source);
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, device_allocator(), true);
+  return at::native::set_(self, empty);
+}
+
+c10::Scalar local_scalar_dense(const at::Tensor& self) { return at::_local_scalar_dense(cpu_alias(self)); }
+
+}  // namespace
+
+}  // namespace torch_neuronx
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  using namespace torch_neuronx;
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("_copy_from", copy_from);
+  m.impl("_copy_from_and_resize", copy_from_and_resize);
+  m.impl("resize_", resize_);
+  m.impl("as_strided", as_strided);
+  m.impl("view", view);
+  m.impl("_reshape_alias", reshape_alias);
+  m.impl("unfold", unfold);
+  m.impl("set_.source_Storage_storage_offset", set_storage);
+  m.impl("set_.source_Storage", set_source_storage);
+  m.impl("set_.source_Tensor", set_source_tensor);
+  m.impl("set_", set_empty);
+  m.impl("_local_scalar_dense", local_scalar_dense);
+}

@@ -1,0 +1,254 @@
+r"""torch.neuron: the device module of the emulated NeuronCores.
+
+It reads like :mod:`torch.cuda`: each logical NeuronCore of the emulated
+instance is one device, ``neuron:0`` to ``neuron:{device_count() - 1}``.
+The emulated machine is chosen when the device is first used (see
+:mod:`torch_neuronx.runtime.config`), not on import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torch_neuronx import _C
+from torch_neuronx.device._index import _device_t, current_device, device_index
+from torch_neuronx.device.memory import (
+    empty_cache,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    memory_summary,
+    reset_accumulated_memory_stats,
+    reset_max_memory_allocated,
+    reset_peak_memory_stats,
+)
+from torch_neuronx.device.random import (
+    default_generators,
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
+from torch_neuronx.device.streams import (
+    Event,
+    Stream,
+    StreamContext,
+    current_stream,
+    default_stream,
+    set_stream,
+    stream,
+    synchronize,
+    wait_stream,
+)
+
+def is_available() -> bool:
+    """Return True: the emulated NeuronCores are always present (False only in a bad fork)."""
+    return not _C._in_bad_fork()
+
+
+def is_initialized() -> bool:
+    """Whether the device has been initialised in this process."""
+    return _C._is_initialized()
+
+
+def _is_in_bad_fork() -> bool:
+    """Whether this process is a fork of one that had initialised the device (it must not use it)."""
+    return _C._in_bad_fork()
+
+
+def init() -> None:
+    """Initialise the device now rather than on first use."""
+    _C._lazy_init()
+
+
+_lazy_init = init
+
+
+def device_count() -> int:
+    """The number of logical NeuronCores this process sees (NEURON_RT_VISIBLE_CORES, LNC applied)."""
+    if _C._in_bad_fork():
+        return 0
+    return _C._device_count()
+
+
+def set_device(device: _device_t) -> None:
+    """Set the calling thread's current NeuronCore."""
+    index = device_index(device)
+    if index >= 0:
+        _C._lazy_init()
+        _C._set_device(index)
+
+
+class device:
+    """Context manager that changes the current NeuronCore, like :class:`torch.cuda.device`."""
+
+    def __init__(self, device: _device_t) -> None:
+        self.idx = -1 if device is None else device_index(device)
+        self.prev_idx = -1
+
+    def __enter__(self) -> None:
+        if self.idx >= 0:
+            self.prev_idx = current_device()
+            set_device(self.idx)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.idx >= 0:
+            set_device(self.prev_idx)
+
+
+class device_of(device):
+    """Context manager that makes the device of tensor `obj` current (CPU tensors: no change)."""
+
+    def __init__(self, obj: torch.Tensor) -> None:
+        super().__init__(obj.get_device() if obj.device.type == "neuron" else None)
+
+
+@dataclass(frozen=True)
+class NeuronDeviceProperties:
+    """What :func:`get_device_properties` reports about one logical NeuronCore."""
+
+    name: str  # the chip type, as on the real device: "trn1", "trn1n", "inf2", "trn2"
+    total_memory: int  # HBM of this logical core, bytes
+    instance_type: str
+    core_version: str  # NeuronCore-v2 / -v3
+    logical_core_id: int  # id on the instance (NEURON_RT_VISIBLE_CORES numbering)
+    physical_cores_per_logical: int  # the LNC setting
+    chip_index: int
+    logical_cores_per_chip: int
+    hbm_bandwidth_gbps: float  # of this core's share of its chip
+    bf16_tflops: float  # dense, this core's share
+    sbuf_bytes: int
+    psum_bytes: int
+    emulated: bool = True
+
+    def __repr__(self) -> str:
+        return (
+            f"NeuronDeviceProperties(name='{self.name}', total_memory={self.total_memory // (1 << 20)}MB, "
+            f"instance_type='{self.instance_type}', core_version='{self.core_version}', "
+            f"logical_core_id={self.logical_core_id}, lnc={self.physical_cores_per_logical}, "
+            f"chip_index={self.chip_index})"
+        )
+
+
+def get_device_properties(device: _device_t = None) -> NeuronDeviceProperties:
+    """Properties of a logical NeuronCore: chip name, HBM capacity, instance and topology."""
+    from torch_neuronx import runtime
+
+    cfg = runtime.config()
+    index = device_index(device)
+    if not 0 <= index < cfg.device_count:
+        raise AssertionError(f"Invalid device id neuron:{index}: {cfg.device_count} NeuronCores are visible")
+    chip = cfg.instance.chip
+    core = cfg.visible_cores[index]
+    per_chip = chip.physical_cores // cfg.lnc
+    share = cfg.lnc / chip.physical_cores
+    return NeuronDeviceProperties(
+        name=chip.name,
+        total_memory=cfg.hbm_per_core,
+        instance_type=cfg.instance.name,
+        core_version=chip.core_version,
+        logical_core_id=core,
+        physical_cores_per_logical=cfg.lnc,
+        chip_index=core // per_chip,
+        logical_cores_per_chip=per_chip,
+        hbm_bandwidth_gbps=chip.hbm_bandwidth_gbps * share,
+        bf16_tflops=chip.bf16_tflops * share,
+        sbuf_bytes=chip.sbuf_bytes * cfg.lnc,
+        psum_bytes=chip.psum_bytes * cfg.lnc,
+    )
+
+
+def get_device_name(device: _device_t = None) -> str:
+    """A readable name of the core, e.g. ``"neuron:trn2 (NeuronCore-v3, trn2.48xlarge, emulated)"``."""
+    p = get_device_properties(device)
+    return f"neuron:{p.name} (NeuronCore-{p.core_version}, {p.instance_type}, emulated)"
+
+
+def get_device_capability(device: _device_t = None) -> tuple[int, int]:
+    """The NeuronCore generation as (major, minor): (2, 0) for v2, (3, 0) for v3."""
+    return (int(get_device_properties(device).core_version[1:]), 0)
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """The dtypes torch.autocast accepts on neuron: float16 and bfloat16 (compute is otherwise fp32)."""
+    return [torch.float16, torch.bfloat16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """NeuronCores compute natively in bfloat16."""
+    return True
+
+
+def get_dynamo_metrics() -> dict[str, Any]:
+    """Compilation metrics of the ``neuron`` torch.compile backend (see torch_neuronx.compile)."""
+    from torch_neuronx.compile import metrics
+
+    return metrics.snapshot()
+
+
+def reset_dynamo_metrics() -> None:
+    """Reset what :func:`get_dynamo_metrics` reports."""
+    from torch_neuronx.compile import metrics
+
+    metrics.reset()
+
+
+__all__ = [
+    "Event",
+    "NeuronDeviceProperties",
+    "Stream",
+    "StreamContext",
+    "current_device",
+    "current_stream",
+    "default_generators",
+    "default_stream",
+    "device",
+    "device_count",
+    "device_of",
+    "empty_cache",
+    "get_amp_supported_dtype",
+    "get_device_capability",
+    "get_device_name",
+    "get_device_properties",
+    "get_dynamo_metrics",
+    "get_rng_state",
+    "get_rng_state_all",
+    "init",
+    "initial_seed",
+    "is_available",
+    "is_bf16_supported",
+    "is_initialized",
+    "manual_seed",
+    "manual_seed_all",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "memory_summary",
+    "reset_accumulated_memory_stats",
+    "reset_dynamo_metrics",
+    "reset_max_memory_allocated",
+    "reset_peak_memory_stats",
+    "seed",
+    "seed_all",
+    "set_device",
+    "set_rng_state",
+    "set_rng_state_all",
+    "set_stream",
+    "stream",
+    "synchronize",
+    "wait_stream",
+]

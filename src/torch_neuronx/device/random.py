@@ -1,0 +1,97 @@
+"""Random number generation on neuron.
+
+Each core has a default generator. Its state is CUDA-style, 16 bytes of
+(seed, offset), and its numbers come from the CPU engine: the same seed gives
+the same numbers on neuron as on CPU (see csrc/generator.cpp).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from torch_neuronx import _C
+from torch_neuronx.device._index import _device_t, device_index
+
+_generators: list[torch.Generator] = []
+
+
+def _default_generators() -> tuple[torch.Generator, ...]:
+    if not _generators:
+        _C._lazy_init()
+        _generators.extend(_C._default_generator(i) for i in range(_C._device_count()))
+    return tuple(_generators)
+
+
+class _DefaultGenerators(tuple):
+    """``torch.neuron.default_generators``: built on first access, not on import."""
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return _default_generators()[i]
+
+    def __len__(self) -> int:
+        return len(_default_generators())
+
+    def __iter__(self):
+        return iter(_default_generators())
+
+
+default_generators: tuple[torch.Generator, ...] = _DefaultGenerators()
+
+
+def _generator(device: _device_t) -> torch.Generator:
+    index = device_index(device)
+    gens = _default_generators()
+    if not 0 <= index < len(gens):
+        raise ValueError(f"invalid device neuron:{index}: {len(gens)} NeuronCores are visible")
+    return gens[index]
+
+
+def get_rng_state(device: _device_t = "neuron") -> torch.Tensor:
+    """The RNG state of a core: a CPU uint8 tensor of 16 bytes (seed, offset)."""
+    return _generator(device).get_state()
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    """The RNG states of all cores."""
+    return [g.get_state() for g in _default_generators()]
+
+
+def set_rng_state(new_state: torch.Tensor, device: _device_t = "neuron") -> None:
+    """Restore a core's RNG state from :func:`get_rng_state`."""
+    _generator(device).set_state(new_state)
+
+
+def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
+    """Restore the RNG states of all cores from :func:`get_rng_state_all`."""
+    for g, state in zip(_default_generators(), new_states, strict=False):
+        g.set_state(state)
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the current core's generator."""
+    _generator(None).manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seed every core's generator (``torch.manual_seed`` calls this)."""
+    for g in _default_generators():
+        g.manual_seed(int(seed))
+
+
+def seed() -> None:
+    """Seed the current core's generator with a non-deterministic number."""
+    _generator(None).seed()
+
+
+def seed_all() -> None:
+    """Seed every core's generator with one non-deterministic number."""
+    s = _generator(None).seed()
+    for g in _default_generators():
+        g.manual_seed(s)
+
+
+def initial_seed() -> int:
+    """The seed of the current core's generator."""
+    return _generator(None).initial_seed()
