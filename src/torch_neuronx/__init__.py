@@ -25,12 +25,17 @@ def _register() -> None:
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_storage=True, for_packed_sequence=True
     )
+    # Trainium computes in bf16; CUDA's float16 default would be the wrong
+    # choice for torch.autocast("neuron") without a dtype.
+    torch.set_autocast_dtype("neuron", torch.bfloat16)
     _patch_tensor_printing()
     _C._set_init_callback(runtime._initialize)
     _C._route_structured_ops()
     from torch_neuronx.tools import logging as _logging
+    from torch_neuronx.tools import op_tracker
 
     _logging.configure_from_env()
+    op_tracker.apply_env()
 
 
 def _patch_tensor_printing() -> None:

@@ -84,6 +84,25 @@ at::Tensor make_device_tensor(c10::Storage storage, const at::Tensor& like) {
               b, "! (when running ", e.name, " on neuron; move the tensors with .to(device) first)");
 }
 
+// Moves a CPU kernel's result buffer to the device. `holders` is how many of
+// the call's own results hold it: any other holder (a CPU input, a cache)
+// means the buffer is shared, and it is copied instead.
+c10::Storage adopt_storage(const at::Tensor& out, c10::DeviceIndex device, size_t holders) {
+  check_dtype(out.scalar_type());
+  auto* impl = out.storage().unsafeGetStorageImpl();
+  const size_t nbytes = impl->nbytes();
+  c10::DataPtr data;
+  if (out.storage().use_count() <= holders) {
+    c10::DataPtr host = impl->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));
+    data = adopt(std::move(host), nbytes, device);
+  } else {
+    data = allocate_on(device, nbytes);
+    if (nbytes) std::memcpy(data.get(), impl->data(), nbytes);
+  }
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                            std::move(data), device_allocator(), true));
+}
+
 bool is_low_precision(c10::ScalarType t) {
   return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2;
 }
@@ -159,22 +178,8 @@ struct Call {
     for (auto& [cpu, adopted] : fresh) {  // another view of a buffer adopted already
       if (storage == cpu) return make_device_tensor(adopted, out);
     }
-    check_dtype(out.scalar_type());
-    auto* impl = out.storage().unsafeGetStorageImpl();
-    const size_t nbytes = impl->nbytes();
-    c10::DataPtr data;
-    if (out.storage().use_count() <= outputs_sharing(impl)) {
-      // The kernel's own buffer, held by nothing else: take it, no copy.
-      c10::DataPtr host = impl->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));
-      data = adopt(std::move(host), nbytes, device);
-    } else {
-      // Shared with something outside this call (a CPU input, a cache): copy.
-      data = allocate_on(device, nbytes);
-      if (nbytes) std::memcpy(data.get(), impl->data(), nbytes);
-    }
-    c10::Storage adopted(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
-                                                               std::move(data), device_allocator(), true));
-    fresh.emplace_back(impl, adopted);
+    c10::Storage adopted = adopt_storage(out, device, outputs_sharing(storage));
+    fresh.emplace_back(storage, adopted);
     return make_device_tensor(std::move(adopted), out);
   }
 
@@ -247,6 +252,11 @@ void run_widened(const c10::OperatorHandle& op, OpEntry& e, torch::jit::Stack* s
 }
 
 }  // namespace
+
+at::Tensor to_device(const at::Tensor& cpu, c10::DeviceIndex index) {
+  if (!cpu.defined()) return cpu;
+  return make_device_tensor(adopt_storage(cpu, index, 1), cpu);
+}
 
 void check_dtype(c10::ScalarType dtype) {
   if (C10_UNLIKELY(dtype == at::kDouble || dtype == at::kComplexDouble)) {

@@ -107,9 +107,66 @@ at::Tensor& set_empty(at::Tensor& self) {
 
 c10::Scalar local_scalar_dense(const at::Tensor& self) { return at::_local_scalar_dense(cpu_alias(self)); }
 
+at::Tensor alias_or_undefined(const std::optional<at::Tensor>& t) {
+  return t && t->defined() ? cpu_alias(*t) : at::Tensor();
+}
+
+// PrivateUse1 convolutions dispatch to the *_overrideable ops, which have no
+// CPU kernel to fall back to: run the CPU convolution on aliases instead.
+at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
+                                    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+                                    c10::IntArrayRef output_padding, int64_t groups) {
+  const auto index = input.device().index();
+  auto out = at::convolution(cpu_alias(input), cpu_alias(weight), alias_or_undefined(bias), stride, padding,
+                             dilation, transposed, output_padding, groups);
+  return to_device(out, index);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
+    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding,
+    int64_t groups, std::array<bool, 3> output_mask) {
+  const auto index = input.device().index();
+  const int64_t out_channels = transposed ? weight.size(1) * groups : weight.size(0);
+  const std::vector<int64_t> bias_sizes{out_channels};
+  auto [gi, gw, gb] = at::convolution_backward(
+      cpu_alias(grad_output), cpu_alias(input), cpu_alias(weight),
+      output_mask[2] ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(), stride, padding, dilation,
+      transposed, output_padding, groups, output_mask);
+  return {to_device(gi, index), to_device(gw, index), to_device(gb, index)};
+}
+
+// Dropout as the CPU computes it. PyTorch sends accelerators (PrivateUse1
+// included) to the fused native_dropout, which draws a boolean mask and so
+// other random numbers than the CPU path; the emulator promises the CPU's
+// numbers for the same seed, so neuron takes the CPU's path.
+at::Tensor dropout(const at::Tensor& input, double p, bool train) {
+  TORCH_CHECK(p >= 0 && p <= 1, "dropout probability has to be between 0 and 1, but got ", p);
+  if (p == 0 || !train || input.sym_numel() == 0) return input;
+  if (p == 1) return input * at::zeros({}, input.options());
+  auto noise = at::empty_like(input).bernoulli_(1 - p);
+  noise.div_(1 - p);
+  return input * noise;
+}
+
+at::Tensor& dropout_(at::Tensor& input, double p, bool train) {
+  TORCH_CHECK(p >= 0 && p <= 1, "dropout probability has to be between 0 and 1, but got ", p);
+  if (p == 0 || !train || input.sym_numel() == 0) return input;
+  if (p == 1) return input.mul_(at::zeros({}, input.options()));
+  auto noise = at::empty_like(input).bernoulli_(1 - p);
+  noise.div_(1 - p);
+  return input.mul_(noise);
+}
+
 }  // namespace
 
 }  // namespace torch_neuronx
+
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("dropout", torch_neuronx::dropout);
+  m.impl("dropout_", torch_neuronx::dropout_);
+}
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   using namespace torch_neuronx;
@@ -127,4 +184,18 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", set_source_tensor);
   m.impl("set_", set_empty);
   m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("convolution_overrideable", convolution_overrideable);
+  m.impl("convolution_backward_overrideable", convolution_backward_overrideable);
+}
+
+// Copies resolve the conjugate and negative bits themselves (the CPU copy
+// kernel reads them off the aliases). Without these fallthroughs the math
+// fallbacks would materialise the source with clone(), which copies again.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }

@@ -67,6 +67,9 @@ class GeneratorLease {
 
 // ---- fallback.cpp ----
 at::Tensor cpu_alias(const at::Tensor& t);  // CPU view of device memory
+// A CPU kernel's fresh result as a device tensor on core `index`: its buffer
+// is adopted without a copy when nothing else holds it.
+at::Tensor to_device(const at::Tensor& cpu, c10::DeviceIndex index);
 void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 void check_dtype(c10::ScalarType dtype);  // the hardware's dtype policy
 

@@ -52,6 +52,9 @@ from torch_neuronx.device.streams import (
     wait_stream,
 )
 
+_initialized = False  # set by torch_neuronx.runtime when the device initialises
+
+
 def is_available() -> bool:
     """Return True: the emulated NeuronCores are always present (False only in a bad fork)."""
     return not _C._in_bad_fork()
@@ -59,7 +62,7 @@ def is_available() -> bool:
 
 def is_initialized() -> bool:
     """Whether the device has been initialised in this process."""
-    return _C._is_initialized()
+    return _C._is_initialized() and not _C._in_bad_fork()
 
 
 def _is_in_bad_fork() -> bool:

@@ -34,23 +34,21 @@ class Stream(torch.Stream):
         self.wait_event(stream.record_event())
 
     def record_event(self, event: torch.Event | None = None) -> torch.Event:
-        event = Event() if event is None else event
+        event = torch.Event(device="neuron") if event is None else event
         event.record(self)
         return event
 
 
-class Event(torch.Event):
-    """A neuron event: ``record`` marks a point, ``elapsed_time`` measures between two (ms)."""
+class Event:
+    """A neuron event: ``record`` marks a point, ``elapsed_time`` measures between two (ms).
 
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> Event:
-        return super().__new__(cls, device="neuron", enable_timing=enable_timing, blocking=blocking,
-                               interprocess=interprocess)
+    Creating one returns a ``torch.Event`` on the neuron device (PyTorch's
+    event methods accept only that exact type).
+    """
 
-    def record(self, stream: torch.Stream | None = None) -> None:
-        super().record(current_stream() if stream is None else stream)
-
-    def wait(self, stream: torch.Stream | None = None) -> None:
-        super().wait(current_stream() if stream is None else stream)
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:
+        _C._lazy_init()
+        return torch.Event(device="neuron", enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
 
 
 def _wrap(s: torch.Stream) -> Stream:

@@ -29,6 +29,11 @@ def _initialize() -> None:
     cfg = from_environment()
     _C._configure(cfg.device_count, cfg.hbm_per_core, cfg.describe())
     _config = cfg
+    from torch_neuronx import device
+
+    # torch.utils.checkpoint saves and restores the device RNG only when the
+    # device module says it is initialised (torch.cuda's `_initialized`).
+    device._initialized = True
 
 
 def config() -> RuntimeConfig:

@@ -1,0 +1,87 @@
+"""torch.neuron's device API against the emulated instance and torch.cuda's conventions."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+GIB = 1 << 30
+
+
+def test_module_registered() -> None:
+    assert torch._C._get_privateuse1_backend_name() == "neuron"
+    assert torch.get_device_module("neuron") is torch.neuron
+    assert torch.neuron.is_available()
+    assert torch.accelerator.current_accelerator() == torch.device("neuron")
+    assert torch._utils._get_available_device_type() == "neuron"
+
+
+def test_device_count_and_properties_match_default_instance() -> None:
+    assert torch.neuron.device_count() == 64  # trn2.48xlarge at LNC=2
+    assert torch.accelerator.device_count() == 64
+    p = torch.neuron.get_device_properties(0)
+    assert p.name == "trn2" and p.total_memory == 24 * GIB and p.instance_type == "trn2.48xlarge"
+    assert p.physical_cores_per_logical == 2 and p.logical_cores_per_chip == 4
+    assert torch.neuron.get_device_properties(5).chip_index == 1
+    assert "neuron" in torch.neuron.get_device_name()
+    assert torch.neuron.get_device_capability() == (3, 0)
+
+
+def test_set_device_and_context_manager() -> None:
+    assert torch.neuron.current_device() == 0
+    with torch.neuron.device(3):
+        assert torch.neuron.current_device() == 3
+        t = torch.empty(2, device="neuron")
+        assert t.device == torch.device("neuron:3")
+    assert torch.neuron.current_device() == 0
+    torch.neuron.set_device("neuron:1")
+    try:
+        assert torch.accelerator.current_device_index() == 1
+    finally:
+        torch.neuron.set_device(0)
+
+
+def test_current_device_is_per_thread() -> None:
+    seen: list[int] = []
+
+    def worker() -> None:
+        torch.neuron.set_device(2)
+        seen.append(torch.neuron.current_device())
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen == [2] and torch.neuron.current_device() == 0
+
+
+def test_invalid_device_index_raises() -> None:
+    with pytest.raises((RuntimeError, IndexError), match="neuron:64"):
+        torch.empty(2, device="neuron:64")
+    with pytest.raises((RuntimeError, IndexError), match="Invalid device"):
+        torch.neuron.set_device(100)
+
+
+def test_amp_dtypes() -> None:
+    assert torch.neuron.get_amp_supported_dtype() == [torch.float16, torch.bfloat16]
+    assert torch.neuron.is_bf16_supported()
+
+
+def test_tensor_module_storage_methods() -> None:
+    t = torch.arange(4.0)
+    assert t.neuron().device.type == "neuron" and t.neuron().is_neuron
+    m = torch.nn.Linear(2, 2).neuron()
+    assert m.weight.device.type == "neuron"
+    s = torch.UntypedStorage(8).neuron()
+    assert s.device.type == "neuron" and s.is_neuron
+
+
+def test_cli_info_reports_instance(capsys: pytest.CaptureFixture[str]) -> None:
+    from torch_neuronx.tools import cli
+
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "trn2.48xlarge" in out and "24.00 GiB" in out and "64" in out
+    data = cli.collect()
+    assert data["hbm_per_core_bytes"] == 24 * GIB and data["visible_cores"] == 64

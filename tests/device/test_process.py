@@ -1,0 +1,104 @@
+"""Processes and threads: autoload, fork safety, thread-safe allocation and copies, visible cores."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import torch
+
+ENV = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_", "TORCH_NEURONX_", "TORCH_DEVICE_"))}
+
+
+def run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], env={**ENV, **env}, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_autoload_on_import_torch() -> None:
+    r = run("import torch; print(torch.neuron.device_count(), torch.ones(2, device='neuron').device)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["64", "neuron:0"]
+
+
+def test_autoload_can_be_disabled() -> None:
+    r = run("import sys, torch; print(hasattr(torch, 'neuron'), 'torch_neuronx' in sys.modules)",
+            TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "False"]
+
+
+def test_visible_cores_and_instance_from_environment() -> None:
+    r = run("import torch; p = torch.neuron.get_device_properties(1); "
+            "print(torch.neuron.device_count(), p.name, p.logical_core_id, p.total_memory)",
+            TORCH_NEURONX_INSTANCE_TYPE="trn1.32xlarge", NEURON_RT_VISIBLE_CORES="4-7")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["4", "trn1", "5", str(16 << 30)]
+
+
+def test_bad_environment_gives_clear_error() -> None:
+    r = run("import torch; torch.ones(1, device='neuron')", TORCH_NEURONX_INSTANCE_TYPE="trn9.huge")
+    assert r.returncode != 0 and "not a known instance" in r.stderr and "Segmentation" not in r.stderr
+
+
+def test_hbm_override_from_environment() -> None:
+    r = run("import torch\ntry:\n    torch.empty(2**20, device='neuron')\nexcept torch.OutOfMemoryError as e:\n"
+            "    print('OOM', 'neuron:0' in str(e))", TORCH_NEURONX_HBM_PER_CORE="1MiB")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["OOM", "True"]
+
+
+def test_forked_child_cannot_use_initialised_device() -> None:
+    code = (
+        "import os, torch\n"
+        "torch.ones(1, device='neuron')\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    try:\n"
+        "        torch.ones(1, device='neuron')\n"
+        "        os._exit(3)\n"
+        "    except RuntimeError as e:\n"
+        "        os._exit(0 if 'spawn' in str(e) and torch.neuron._is_in_bad_fork() else 4)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(os.waitstatus_to_exitcode(status))\n"
+    )
+    r = run(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "0"
+
+
+def test_fork_before_initialisation_is_fine() -> None:
+    code = (
+        "import os, torch\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(0 if torch.ones(2, device='neuron').sum().item() == 2 else 5)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(os.waitstatus_to_exitcode(status))\n"
+    )
+    r = run(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "0"
+
+
+def test_allocation_and_copies_from_threads() -> None:
+    # Transformers materialises weights from 4 threads.
+    sources = [torch.randn(64, 64) for _ in range(32)]
+    results: list[torch.Tensor | None] = [None] * len(sources)
+    base = torch.neuron.memory_allocated()
+
+    def load(i: int) -> None:
+        for j in range(i, len(sources), 4):
+            t = sources[j].to("neuron")
+            results[j] = (t * 2).to("neuron")
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r, s in zip(results, sources, strict=True):
+        assert r is not None and torch.equal(r.cpu(), s * 2)
+    assert torch.neuron.memory_allocated() - base == 32 * 64 * 64 * 4

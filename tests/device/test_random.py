@@ -1,0 +1,86 @@
+"""RNG: the same seed gives the same numbers on neuron as on CPU; state save/restore is exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def test_same_seed_same_numbers_as_cpu() -> None:
+    def draw(device: str) -> list[torch.Tensor]:
+        torch.manual_seed(1234)
+        out = [torch.randn(5, device=device), torch.rand(3, 3, device=device), torch.randint(0, 10, (6,), device=device)]
+        out.append(torch.empty(4, device=device).uniform_(-1, 1))
+        out.append(torch.nn.functional.dropout(torch.ones(16, device=device), 0.5))
+        out.append(torch.randperm(8, device=device))
+        return [t.cpu() for t in out]
+
+    for a, b in zip(draw("neuron"), draw("cpu"), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_module_init_on_device_matches_cpu() -> None:
+    torch.manual_seed(7)
+    ref = torch.nn.Linear(8, 8)
+    torch.manual_seed(7)
+    dev = torch.nn.Linear(8, 8, device="neuron")
+    assert torch.equal(dev.weight.cpu(), ref.weight) and torch.equal(dev.bias.cpu(), ref.bias)
+
+
+def test_get_set_rng_state_replays() -> None:
+    torch.neuron.manual_seed(3)
+    torch.randn(10, device="neuron")
+    state = torch.neuron.get_rng_state()
+    assert state.dtype == torch.uint8 and state.numel() == 16  # CUDA-style (seed, offset)
+    a = torch.randn(10, device="neuron")
+    torch.neuron.set_rng_state(state)
+    b = torch.randn(10, device="neuron")
+    assert torch.equal(a.cpu(), b.cpu())
+    seed, offset = state.view(torch.int64).tolist()
+    assert seed == 3 and offset == 12  # 10 draws, rounded up to 4 as Philox counts
+
+
+def test_offset_states_are_deterministic_across_generators() -> None:
+    # DTensor's RNG tracker moves the offset to each shard's start: any generator
+    # given the same (seed, offset) must produce the same numbers.
+    state = torch.tensor([11, 400], dtype=torch.int64).view(torch.uint8)
+    g1, g2 = torch.Generator(device="neuron"), torch.Generator(device="neuron")
+    g1.set_state(state)
+    g2.set_state(state)
+    assert torch.equal(torch.randn(6, device="neuron", generator=g1).cpu(),
+                       torch.randn(6, device="neuron", generator=g2).cpu())
+
+
+def test_fork_rng_and_checkpoint_recompute() -> None:
+    x = torch.randn(4, 8, device="neuron", requires_grad=True)
+    lin = torch.nn.Linear(8, 8).neuron()
+
+    def block(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(lin(t), 0.5, training=True).sum()
+
+    torch.manual_seed(0)
+    torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False).backward()
+    g_ckpt = x.grad.clone()
+    x.grad = None
+    torch.manual_seed(0)
+    block(x).backward()
+    assert torch.equal(g_ckpt.cpu(), x.grad.cpu())
+
+
+def test_generators_are_per_device_and_seeded_by_manual_seed() -> None:
+    torch.manual_seed(5)
+    assert torch.neuron.initial_seed() == 5
+    assert all(s.view(torch.int64)[0].item() == 5 for s in torch.neuron.get_rng_state_all()[:3])
+    torch.neuron.manual_seed(9)
+    assert torch.neuron.initial_seed() == 9
+    assert torch.neuron.default_generators[1].initial_seed() == 5
+
+
+def test_bad_state_is_refused() -> None:
+    with pytest.raises(TypeError, match="16 bytes"):
+        torch.neuron.set_rng_state(torch.zeros(5056, dtype=torch.uint8))
+
+
+def test_cpu_generator_with_device_tensor_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="Expected a 'neuron' device type for generator"):
+        torch.randn(3, device="neuron", generator=torch.Generator())

@@ -1,0 +1,43 @@
+"""The op tracker counts what ran on the device, and reports (or forbids) CPU fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torch_neuronx.tools import op_tracker
+
+
+def test_counts_ops_run_on_device() -> None:
+    a = torch.randn(4, 4, device="neuron")
+    with op_tracker.track() as ops:
+        b = a + a
+        a.mm(b)
+        a.mm(b)
+        torch.relu(a)
+    counts = {r.name: r.executed for r in ops}
+    assert counts["aten::add.Tensor"] == 1
+    assert counts["aten::mm"] == 2
+    assert counts["aten::relu"] == 1
+    assert all(r.fallback == 0 for r in ops)
+    assert "aten::mm" in op_tracker.report()
+
+
+def test_low_precision_gap_is_a_reported_fallback() -> None:
+    # The host has no float16 ndtri kernel; an accelerator computes it natively.
+    x = torch.rand(8, 8) * 0.8 + 0.1
+    with pytest.raises(RuntimeError, match="not implemented for 'Half'"):
+        torch.special.ndtri(x.half())
+    case = torch.special.ndtri
+    ref = case(x.half().float()).half()
+    op_tracker.reset()
+    with pytest.warns(UserWarning, match="float32"):
+        out = case(x.half().neuron())
+    assert out.dtype == torch.float16 and torch.equal(out.cpu(), ref)
+    assert sum(op_tracker.fallback_ops().values()) == 1
+    op_tracker.allow_fallback(False)
+    try:
+        with pytest.raises(RuntimeError, match="TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"):
+            case(x.half().neuron())
+    finally:
+        op_tracker.allow_fallback(True)
