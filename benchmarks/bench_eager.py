@@ -10,7 +10,6 @@ Targets (issue 2): small ops <= 1.5x, compute-bound ops <= 1.03x, training step 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import time

@@ -8,12 +8,24 @@ Nothing touches the emulated hardware until the device is first used.
 
 from __future__ import annotations
 
-import torch
+
+# Defined before `import torch`: when this package is imported first, torch's
+# autoload imports it again, half-initialised, and looks this function up.
+def _autoload() -> None:
+    """Entry point of the ``torch.backends`` group: importing the package did the work.
+
+    Set ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` to keep ``import torch`` from loading it.
+    """
+
+
+import torch  # noqa: E402
 
 __version__ = "0.1.0"
 
-from torch_neuronx import _C  # noqa: E402  (the C++ core: allocator, guard, hooks, kernels)
-from torch_neuronx import runtime  # noqa: E402
+from torch_neuronx import (
+    _C,  # noqa: E402  (the C++ core: allocator, guard, hooks, kernels)
+    runtime,  # noqa: E402
+)
 
 
 def _register() -> None:
@@ -58,13 +70,6 @@ def _patch_tensor_printing() -> None:
 
 if not hasattr(torch, "neuron"):
     _register()
-
-
-def _autoload() -> None:
-    """Entry point of the ``torch.backends`` group: importing the package did the work.
-
-    Set ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` to keep ``import torch`` from loading it.
-    """
 
 
 __all__ = ["__version__", "runtime"]

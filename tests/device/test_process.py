@@ -102,3 +102,19 @@ def test_allocation_and_copies_from_threads() -> None:
     for r, s in zip(results, sources, strict=True):
         assert r is not None and torch.equal(r.cpu(), s * 2)
     assert torch.neuron.memory_allocated() - base == 32 * 64 * 64 * 4
+
+
+def test_importing_the_plugin_before_torch() -> None:
+    r = run("import torch_neuronx, torch; print(torch.ones(2, device='neuron').sum().item())")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "2.0"
+
+
+def test_command_line_info() -> None:
+    r = subprocess.run([sys.executable, "-m", "torch_neuronx", "info", "--json"], capture_output=True, text=True,
+                       env={**ENV, "TORCH_NEURONX_INSTANCE_TYPE": "trn1.2xlarge"}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    import json
+
+    data = json.loads(r.stdout)
+    assert (data["instance_type"], data["visible_cores"], data["hbm_per_core_bytes"]) == ("trn1.2xlarge", 2, 16 << 30)

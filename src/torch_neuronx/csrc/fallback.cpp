@@ -7,6 +7,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -111,7 +112,7 @@ bool is_low_precision(c10::ScalarType t) {
 struct Call {
   const OpEntry& entry;
   c10::DeviceIndex device = -1;
-  std::vector<std::pair<at::Tensor, at::Tensor>> aliases;  // (device tensor, CPU alias)
+  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 4> aliases;  // (device tensor, CPU alias)
   c10::ScalarType low_precision = c10::ScalarType::Undefined;
 
   at::Tensor to_cpu(const at::Tensor& t) {
@@ -190,8 +191,8 @@ struct Call {
     return n == 0 ? 1 : n;
   }
 
-  std::vector<std::pair<const c10::StorageImpl*, c10::Storage>> fresh;
-  std::vector<const c10::StorageImpl*> result_storages;
+  c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 2> fresh;
+  c10::SmallVector<const c10::StorageImpl*, 2> result_storages;
 
   // out= and in-place kernels may resize or restride their CPU alias: carry
   // the change over to the device tensor.

@@ -14,7 +14,6 @@ import torch
 from torch_neuronx import _C
 from torch_neuronx.device._index import _device_t, device_index
 
-
 _PRIVATEUSE1 = 20  # c10::DeviceType::PrivateUse1, the device type torch.Stream stores
 
 
