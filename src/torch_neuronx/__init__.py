@@ -43,6 +43,9 @@ def _register() -> None:
     _patch_tensor_printing()
     _C._set_init_callback(runtime._initialize)
     _C._route_structured_ops()
+    from torch_neuronx import distributed
+
+    distributed._register()
     from torch_neuronx.tools import logging as _logging
     from torch_neuronx.tools import op_tracker
 

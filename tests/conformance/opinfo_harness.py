@@ -686,7 +686,7 @@ def run_sample(
     if dev.error is not None:
         return failure("forward", dev.error)
     uninitialized = bool(getattr(op, "has_nondeterministic_output", False))
-    _stage(index, "neuron compare")
+    _stage(index, "neuron compare outputs")
     try:
         compare(ref.out, dev.out, tol, values=not uninitialized)
     except _Mismatch as m:
@@ -695,6 +695,7 @@ def run_sample(
         return failure("forward", e)
     # in-place and out= style ops: the mutated inputs must agree too
     assert ref.call is not None and dev.call is not None
+    _stage(index, "neuron compare inputs")
     try:
         compare((ref.call.input, ref.call.args, ref.call.kwargs),
                 (dev.call.input, dev.call.args, dev.call.kwargs), tol, values=not uninitialized, path="inputs",
@@ -711,6 +712,7 @@ def run_sample(
             return failure("backward", dev.grad_error)
         if dev.grads is None:
             return failure("backward", _Mismatch("no gradient on neuron"))
+        _stage(index, "neuron compare gradients")
         try:
             compare(ref.grads, dev.grads, tol, path="grad")
         except _Mismatch as m:
@@ -923,11 +925,15 @@ def _describe_exit(rc: int) -> str:
 
 
 def _crash_site(stderr: str) -> str:
-    """The innermost Python frame of a faulthandler or traceback dump."""
-    frames = [ln.strip() for ln in stderr.splitlines() if ln.strip().startswith("File ")]
-    inner = [f for f in frames if "opinfo_harness.py" not in f]
-    pick = inner[:1] if "Fatal Python error" in stderr else inner[-1:]  # faulthandler lists innermost first
-    return pick[0][:200] if pick else ""
+    """The innermost Python frame of the crashed thread in a faulthandler dump, or of a traceback."""
+    lines = stderr.splitlines()
+    if "Fatal Python error" in stderr:
+        # faulthandler lists every thread; the one that crashed comes first after this line, innermost first
+        start = next((i for i, ln in enumerate(lines) if ln.startswith("Current thread")), len(lines))
+        frames = [ln.strip() for ln in lines[start + 1 :] if ln.strip().startswith("File ")][:1]
+    else:
+        frames = [ln.strip() for ln in lines if ln.strip().startswith("File ")][-1:]
+    return frames[0][:200] if frames else ""
 
 
 def _run_chunk(

@@ -104,6 +104,11 @@ c10::Storage adopt_storage(const at::Tensor& out, c10::DeviceIndex device, size_
                                                             std::move(data), device_allocator(), true));
 }
 
+void check_strided(const at::Tensor& out) {
+  TORCH_CHECK_NOT_IMPLEMENTED(out.layout() == c10::kStrided, "neuron supports only strided (dense) tensors; this op "
+                              "produced a ", out.layout(), " tensor. Keep sparse work on the CPU.");
+}
+
 bool is_low_precision(c10::ScalarType t) {
   return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2;
 }
@@ -179,6 +184,7 @@ struct Call {
     for (auto& [cpu, adopted] : fresh) {  // another view of a buffer adopted already
       if (storage == cpu) return make_device_tensor(adopted, out);
     }
+    if (C10_UNLIKELY(out._is_zerotensor())) return torch_neuronx::to_device(out, device);
     c10::Storage adopted = adopt_storage(out, device, outputs_sharing(storage));
     fresh.emplace_back(storage, adopted);
     return make_device_tensor(std::move(adopted), out);
@@ -256,6 +262,9 @@ void run_widened(const c10::OperatorHandle& op, OpEntry& e, torch::jit::Stack* s
 
 at::Tensor to_device(const at::Tensor& cpu, c10::DeviceIndex index) {
   if (!cpu.defined()) return cpu;
+  if (cpu._is_zerotensor()) {
+    return at::_efficientzerotensor(cpu.sizes(), cpu.options().device(c10::Device(kNeuron, index)));
+  }
   return make_device_tensor(adopt_storage(cpu, index, 1), cpu);
 }
 
@@ -325,10 +334,12 @@ void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (size_t i = rbegin; i < stack->size(); ++i) {
     const auto& v = (*stack)[i];
     if (v.isTensor() && v.toTensor().defined()) {
+      check_strided(v.toTensor());
       call.result_storages.push_back(v.toTensor().storage().unsafeGetStorageImpl());
       drawn += v.toTensor().numel();
     } else if (v.isTensorList()) {
       for (const at::Tensor& t : v.toTensorList()) {
+        if (t.defined()) check_strided(t);
         if (t.defined()) call.result_storages.push_back(t.storage().unsafeGetStorageImpl());
       }
     }
@@ -379,9 +390,15 @@ int route_structured_ops() {
     for (const auto& name : dispatcher.getAllOpNames()) {
       if (!starts_with(name.name, "aten::") || name.name == "aten::copy_") continue;
       auto op = dispatcher.findOp(name);
+      // Ops with a CPU kernel whose PrivateUse1 path is a composite: the
+      // structured ops (CompositeExplicitAutogradNonFunctional), and the few
+      // with a CompositeExplicitAutograd decomposition beside a CPU kernel
+      // (native_layer_norm, native_group_norm, addr, ...), whose decomposition
+      // would round differently from the CPU, the reference.
       if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
-          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
-          !op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+          !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+          !(op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+            op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd))) {
         continue;
       }
       std::string qualified = name.name.substr(6);

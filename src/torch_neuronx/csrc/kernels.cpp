@@ -105,6 +105,17 @@ at::Tensor& set_empty(at::Tensor& self) {
   return at::native::set_(self, empty);
 }
 
+// Autograd returns these for gradients known to be zero (e.g. sgn of real
+// inputs): a tensor with no memory behind it, marked ZeroTensor.
+at::Tensor efficientzerotensor(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout>, std::optional<c10::Device> device, std::optional<bool>) {
+  const auto type = c10::dtype_or_default(dtype);
+  check_dtype(type);
+  at::native::ZeroTensorAllocator allocator(c10::Device(kNeuron, target_index(device)));
+  return at::detail::empty_generic(size, &allocator, kDeviceKeys | c10::DispatchKeySet(c10::DispatchKey::ZeroTensor),
+                                   type, std::nullopt);
+}
+
 c10::Scalar local_scalar_dense(const at::Tensor& self) { return at::_local_scalar_dense(cpu_alias(self)); }
 
 at::Tensor alias_or_undefined(const std::optional<at::Tensor>& t) {
@@ -184,6 +195,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", set_source_tensor);
   m.impl("set_", set_empty);
   m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("_efficientzerotensor", efficientzerotensor);
   m.impl("convolution_overrideable", convolution_overrideable);
   m.impl("convolution_backward_overrideable", convolution_backward_overrideable);
 }

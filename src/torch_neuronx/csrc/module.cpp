@@ -8,12 +8,14 @@
 namespace torch_neuronx {
 void set_init_callback(pybind11::object fn);
 void configure(int64_t device_count, int64_t capacity_bytes, const std::string& description);
+void init_distributed(pybind11::module& m);
 }  // namespace torch_neuronx
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace torch_neuronx;
   m.doc() = "torch_neuronx C++ core: allocator, guard, hooks, generator, zero-copy fallback";
   m.def("_set_init_callback", &set_init_callback);
+  init_distributed(m);
   m.def("_configure", &configure);
   m.def("_is_initialized", &is_initialized);
   m.def("_in_bad_fork", &in_bad_fork);

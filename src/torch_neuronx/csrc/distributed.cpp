@@ -1,0 +1,301 @@
+// ProcessGroupNeuron: the c10d backend "neuron". Collectives run on Gloo over
+// host memory: device tensors are handed to Gloo as CPU tensors aliasing the
+// same memory, so nothing is copied on the way in or out. The wrapper adds
+// what Gloo lacks (PREMUL_SUM, which FSDP2 uses for gradient division) and
+// counts each collective and the bytes it moved, per process group.
+#include "neuron.h"
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include <map>
+#include <mutex>
+
+namespace torch_neuronx {
+namespace {
+
+void drop_storage(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
+
+// A CPU alias that keeps the device storage alive: Gloo may finish the
+// collective on its own thread after the caller let go of the tensor.
+at::Tensor host_view(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != kNeuron) return t;
+  const auto& storage = t.storage();
+  c10::DataPtr data(storage.mutable_data(), new c10::Storage(storage), &drop_storage,
+                    c10::Device(c10::DeviceType::CPU));
+  c10::Storage alias(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), storage.nbytes(),
+                                                           std::move(data), nullptr, false));
+  auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(alias), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                      t.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return out;
+}
+
+std::vector<at::Tensor> host_views(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(host_view(t));
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> host_views(const std::vector<std::vector<at::Tensor>>& tss) {
+  std::vector<std::vector<at::Tensor>> out;
+  out.reserve(tss.size());
+  for (const auto& ts : tss) out.push_back(host_views(ts));
+  return out;
+}
+
+int64_t nbytes(const std::vector<at::Tensor>& ts) {
+  int64_t n = 0;
+  for (const auto& t : ts) n += t.defined() ? static_cast<int64_t>(t.numel() * t.element_size()) : 0;
+  return n;
+}
+
+bool is_premul(const c10d::ReduceOp& op) { return op.op_ == c10d::ReduceOp::PREMUL_SUM; }
+
+// PREMUL_SUM(x, f) = SUM(f * x): scale the contribution, then sum.
+at::Tensor premultiplied(const at::Tensor& t, const c10d::ReduceOp& op) {
+  auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK(s != nullptr, "PREMUL_SUM needs a scaling factor");
+  return s->tensor_factor.defined() ? t * host_view(s->tensor_factor).to(t.scalar_type()) : t * s->double_factor;
+}
+
+void scale_in_place(const at::Tensor& t, const c10d::ReduceOp& op) {
+  auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK(s != nullptr, "PREMUL_SUM needs a scaling factor");
+  if (s->tensor_factor.defined()) {
+    t.mul_(host_view(s->tensor_factor).to(t.scalar_type()));
+  } else {
+    t.mul_(s->double_factor);
+  }
+}
+
+c10d::ReduceOp sum_op() { return c10d::ReduceOp(c10d::ReduceOp::SUM); }
+
+class ProcessGroupNeuron final : public c10d::Backend {
+ public:
+  explicit ProcessGroupNeuron(c10::intrusive_ptr<c10d::Backend> host)
+      : c10d::Backend(host->getRank(), host->getSize()), host_(std::move(host)) {}
+
+  const std::string getBackendName() const override { return "neuron"; }
+  c10::intrusive_ptr<Options> getBackendOptions() override { return host_->getBackendOptions(); }
+  void setTimeout(std::chrono::milliseconds timeout) override { host_->setTimeout(timeout); }
+  bool supportsCoalescing() const override { return host_->supportsCoalescing(); }
+  void startCoalescing() override { host_->startCoalescing(); }
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override { return host_->endCoalescing(); }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    count("broadcast", nbytes(tensors));
+    auto t = host_views(tensors);
+    return host_->broadcast(t, opts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    count("all_reduce", nbytes(tensors));
+    auto t = host_views(tensors);
+    if (!is_premul(opts.reduceOp)) return host_->allreduce(t, opts);
+    for (auto& x : t) scale_in_place(x, opts.reduceOp);
+    auto o = opts;
+    o.reduceOp = sum_op();
+    return host_->allreduce(t, o);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override {
+    count("all_reduce_coalesced", nbytes(tensors));
+    auto t = host_views(tensors);
+    if (!is_premul(opts.reduceOp)) return host_->allreduce_coalesced(t, opts);
+    for (auto& x : t) scale_in_place(x, opts.reduceOp);
+    auto o = opts;
+    o.reduceOp = sum_op();
+    return host_->allreduce_coalesced(t, o);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override {
+    count("reduce", nbytes(tensors));
+    auto t = host_views(tensors);
+    if (!is_premul(opts.reduceOp)) return host_->reduce(t, opts);
+    for (auto& x : t) scale_in_place(x, opts.reduceOp);
+    auto o = opts;
+    o.reduceOp = sum_op();
+    return host_->reduce(t, o);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override {
+    count("all_gather", nbytes(inputs) * getSize());
+    auto o = host_views(outputs);
+    auto i = host_views(inputs);
+    return host_->allgather(o, i, opts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override {
+    count("all_gather_into_tensor", nbytes({output}));
+    auto o = host_view(output);
+    auto i = host_view(input);
+    return host_->_allgather_base(o, i, opts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override {
+    count("all_gather_coalesced", nbytes(inputs) * getSize());
+    auto o = host_views(outputs);
+    auto i = host_views(inputs);
+    return host_->allgather_coalesced(o, i, opts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override {
+    count("all_gather_into_tensor_coalesced", nbytes(outputs));
+    auto o = host_views(outputs);
+    auto i = host_views(inputs);
+    return host_->allgather_into_tensor_coalesced(o, i, opts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
+    count("gather", nbytes(inputs));
+    auto o = host_views(outputs);
+    auto i = host_views(inputs);
+    return host_->gather(o, i, opts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    count("scatter", nbytes(outputs));
+    auto o = host_views(outputs);
+    auto i = host_views(inputs);
+    return host_->scatter(o, i, opts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override {
+    count("reduce_scatter", nbytes(outputs) * getSize());
+    auto o = host_views(outputs);
+    auto i = host_views(inputs);
+    if (!is_premul(opts.reduceOp)) return host_->reduce_scatter(o, i, opts);
+    for (auto& list : i) {
+      for (auto& x : list) x = premultiplied(x, opts.reduceOp);
+    }
+    auto op = opts;
+    op.reduceOp = sum_op();
+    return host_->reduce_scatter(o, i, op);
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override {
+    count("reduce_scatter_tensor", nbytes({input}));
+    auto o = host_view(output);
+    auto i = host_view(input);
+    if (!is_premul(opts.reduceOp)) return host_->_reduce_scatter_base(o, i, opts);
+    i = premultiplied(i, opts.reduceOp);  // a host copy: the caller's input stays as it was
+    auto op = opts;
+    op.reduceOp = sum_op();
+    return host_->_reduce_scatter_base(o, i, op);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override {
+    count("reduce_scatter_tensor_coalesced", nbytes(inputs));
+    auto o = host_views(outputs);
+    auto i = host_views(inputs);
+    auto op = opts;
+    if (is_premul(opts.reduceOp)) {
+      for (auto& x : i) x = premultiplied(x, opts.reduceOp);
+      op.reduceOp = sum_op();
+    }
+    return host_->reduce_scatter_tensor_coalesced(o, i, op);
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override {
+    count("all_to_all_single", nbytes({input}));
+    auto o = host_view(output);
+    auto i = host_view(input);
+    return host_->alltoall_base(o, i, output_split_sizes, input_split_sizes, opts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override {
+    count("all_to_all", nbytes(inputs));
+    auto o = host_views(outputs);
+    auto i = host_views(inputs);
+    return host_->alltoall(o, i, opts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    count("send", nbytes(tensors));
+    auto t = host_views(tensors);
+    return host_->send(t, dst, tag);
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    count("recv", nbytes(tensors));
+    auto t = host_views(tensors);
+    return host_->recv(t, src, tag);
+  }
+
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
+    count("recv", nbytes(tensors));
+    auto t = host_views(tensors);
+    return host_->recvAnysource(t, tag);
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    count("barrier", 0);
+    auto o = opts;
+    o.device.reset();  // Gloo synchronises hosts; any device id is the host
+    o.device_ids.clear();
+    return host_->barrier(o);
+  }
+
+  std::map<std::string, std::pair<int64_t, int64_t>> stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+  void reset_stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.clear();
+  }
+
+ private:
+  void count(const char* name, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& s = stats_[name];
+    s.first += 1;
+    s.second += bytes;
+  }
+
+  c10::intrusive_ptr<c10d::Backend> host_;
+  mutable std::mutex mutex_;
+  std::map<std::string, std::pair<int64_t, int64_t>> stats_;  // collective -> (calls, bytes)
+};
+
+}  // namespace
+
+void init_distributed(pybind11::module& m) {
+  namespace py = pybind11;
+  py::class_<ProcessGroupNeuron, c10d::Backend, c10::intrusive_ptr<ProcessGroupNeuron>>(m, "ProcessGroupNeuron")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Backend>& host) {
+             return c10::make_intrusive<ProcessGroupNeuron>(host);
+           }),
+           py::arg("host"))
+      .def("comm_stats", &ProcessGroupNeuron::stats)
+      .def("reset_comm_stats", &ProcessGroupNeuron::reset_stats);
+}
+
+}  // namespace torch_neuronx

@@ -1,0 +1,62 @@
+"""Native distributed on neuron: the c10d backend "neuron" (ProcessGroupNeuron).
+
+Collectives run on Gloo over the device's host memory, zero-copy, so a job
+that outgrows one machine runs with torchrun across hosts. Registered on
+import of torch_neuronx, for both neuron and CPU tensors, so that
+``init_process_group("neuron")`` — or ``init_process_group()`` while neuron is
+the accelerator — needs no ``"cpu:gloo,..."`` spec.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+
+_BACKEND = "neuron"
+
+
+def _create_backend(store, rank: int, size: int, timeout: timedelta):  # type: ignore[no-untyped-def]
+    import torch.distributed as dist
+
+    from torch_neuronx import _C
+
+    return _C.ProcessGroupNeuron(dist.ProcessGroupGloo(store, rank, size, timeout))
+
+
+def _register() -> None:
+    """Register the c10d backend (cheap: no process group is created until the user asks)."""
+    if not torch.distributed.is_available():
+        return
+    import torch.distributed as dist
+
+    if _BACKEND in dist.Backend.backend_list:
+        return
+    dist.Backend.register_backend(_BACKEND, _create_backend, devices=["cpu", "neuron"])
+
+
+def comm_stats(group=None) -> dict[str, dict[str, int]]:  # type: ignore[no-untyped-def]
+    """Collectives run by a process group (default: the world) on the neuron backend:
+    ``{"all_reduce": {"calls": 3, "bytes": 4096}, ...}``. Compare parallel layouts with it."""
+    backend = _neuron_backend(group)
+    return {name: {"calls": calls, "bytes": nbytes} for name, (calls, nbytes) in backend.comm_stats().items()}
+
+
+def reset_comm_stats(group=None) -> None:  # type: ignore[no-untyped-def]
+    """Zero the counts of :func:`comm_stats`."""
+    _neuron_backend(group).reset_comm_stats()
+
+
+def _neuron_backend(group):  # type: ignore[no-untyped-def]
+    import torch.distributed as dist
+
+    from torch_neuronx import _C
+
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    backend = pg._get_backend(torch.device("neuron"))
+    if not isinstance(backend, _C.ProcessGroupNeuron):
+        raise RuntimeError(
+            f"process group uses backend {type(backend).__name__}, not 'neuron': "
+            "create it with dist.init_process_group('neuron')"
+        )
+    return backend
