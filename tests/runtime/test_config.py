@@ -77,3 +77,15 @@ def test_parse_bytes() -> None:
     assert parse_bytes("256MiB") == 256 << 20
     assert parse_bytes("1.5GiB") == 3 << 29
     assert parse_bytes("2G") == 2 << 30
+
+
+def test_torchrun_local_rank_binding(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch_neuronx.runtime import _torchrun_local_rank
+
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert _torchrun_local_rank(64) is None  # not launched by torchrun: leave the device alone
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    assert _torchrun_local_rank(64) == 3
+    with pytest.raises(NeuronConfigError, match="local rank 3.*only 2 NeuronCores"):
+        _torchrun_local_rank(2)

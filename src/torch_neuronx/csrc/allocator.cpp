@@ -4,6 +4,7 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/flat_hash_map.h>
 #include <c10/util/irange.h>
 
 #include <array>
@@ -24,7 +25,7 @@ struct DeviceState {
   std::mutex mutex;
   Stats stats;
   int64_t capacity = INT64_MAX;
-  std::unordered_map<const void*, size_t> live;  // base pointer -> bytes
+  ska::flat_hash_map<const void*, size_t> live;  // base pointer -> bytes (open addressing: no node allocations)
 };
 std::array<DeviceState, kMaxDevices> g_devices;
 

@@ -8,6 +8,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -58,7 +59,7 @@ std::unique_ptr<OpEntry> make_entry(const c10::OperatorHandle& op) {
 
 OpEntry& entry_for(const c10::OperatorHandle& op) {
   // Per-thread cache in front of the shared table: no lock on the hot path.
-  thread_local std::unordered_map<const void*, OpEntry*> cache;
+  thread_local ska::flat_hash_map<const void*, OpEntry*> cache;
   const void* key = &op.schema();
   auto hit = cache.find(key);
   if (C10_LIKELY(hit != cache.end())) return *hit->second;

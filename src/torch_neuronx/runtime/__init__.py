@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 from torch_neuronx.runtime.config import NeuronConfigError, RuntimeConfig, from_environment
@@ -29,11 +30,27 @@ def _initialize() -> None:
     cfg = from_environment()
     _C._configure(cfg.device_count, cfg.hbm_per_core, cfg.describe())
     _config = cfg
+    local_rank = _torchrun_local_rank(cfg.device_count)
+    if local_rank is not None:
+        _C._set_device(local_rank)
     from torch_neuronx import device
 
     # torch.utils.checkpoint saves and restores the device RNG only when the
     # device module says it is initialised (torch.cuda's `_initialized`).
     device._initialized = True
+
+
+def _torchrun_local_rank(device_count: int) -> int | None:
+    """Under torchrun each worker binds neuron:LOCAL_RANK, as TorchNeuron does."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or "LOCAL_RANK" not in os.environ:
+        return None
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if local_rank >= device_count:
+        raise NeuronConfigError(
+            f"torchrun started local rank {local_rank}, but this process sees only {device_count} NeuronCores: "
+            "launch at most that many processes per node (--nproc-per-node) or widen NEURON_RT_VISIBLE_CORES"
+        )
+    return local_rank
 
 
 def config() -> RuntimeConfig:
