@@ -50,37 +50,30 @@ def test_hbm_override_from_environment() -> None:
     assert r.stdout.split() == ["OOM", "True"]
 
 
-def test_forked_child_cannot_use_initialised_device() -> None:
-    code = (
-        "import os, torch\n"
-        "torch.ones(1, device='neuron')\n"
-        "pid = os.fork()\n"
-        "if pid == 0:\n"
-        "    try:\n"
-        "        torch.ones(1, device='neuron')\n"
-        "        os._exit(3)\n"
-        "    except RuntimeError as e:\n"
-        "        os._exit(0 if 'spawn' in str(e) and torch.neuron._is_in_bad_fork() else 4)\n"
-        "_, status = os.waitpid(pid, 0)\n"
-        "print(os.waitstatus_to_exitcode(status))\n"
-    )
+def child_exit_code(parent_setup: str, child_body: str) -> int:
+    """Run `parent_setup`, fork, run `child_body` in the child (it calls os._exit), return its exit code."""
+    code = f"import os, torch\n{parent_setup}\npid = os.fork()\nif pid == 0:\n"
+    code += "".join(f"    {line}\n" for line in child_body.splitlines())
+    code += "_, status = os.waitpid(pid, 0)\nprint(os.waitstatus_to_exitcode(status))\n"
     r = run(code)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "0"
+    return int(r.stdout.strip())
+
+
+def test_forked_child_cannot_use_initialised_device() -> None:
+    child = (
+        "try:\n"
+        "    torch.ones(1, device='neuron')\n"
+        "    os._exit(3)\n"
+        "except RuntimeError as e:\n"
+        "    os._exit(0 if 'spawn' in str(e) and torch.neuron._is_in_bad_fork() else 4)"
+    )
+    assert child_exit_code("torch.ones(1, device='neuron')", child) == 0
 
 
 def test_fork_before_initialisation_is_fine() -> None:
-    code = (
-        "import os, torch\n"
-        "pid = os.fork()\n"
-        "if pid == 0:\n"
-        "    os._exit(0 if torch.ones(2, device='neuron').sum().item() == 2 else 5)\n"
-        "_, status = os.waitpid(pid, 0)\n"
-        "print(os.waitstatus_to_exitcode(status))\n"
-    )
-    r = run(code)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "0"
+    child = "os._exit(0 if torch.ones(2, device='neuron').sum().item() == 2 else 5)"
+    assert child_exit_code("", child) == 0
 
 
 def test_allocation_and_copies_from_threads() -> None:

@@ -73,6 +73,16 @@ void scale_in_place(const at::Tensor& t, const c10d::ReduceOp& op) {
 
 c10d::ReduceOp sum_op() { return c10d::ReduceOp(c10d::ReduceOp::SUM); }
 
+// In-place reductions: PREMUL_SUM scales each contribution, then sums.
+template <typename Options, typename Run>
+c10::intrusive_ptr<c10d::Work> in_place_reduction(std::vector<at::Tensor>& tensors, const Options& opts, Run&& run) {
+  if (!is_premul(opts.reduceOp)) return run(tensors, opts);
+  for (auto& x : tensors) scale_in_place(x, opts.reduceOp);
+  auto summed = opts;
+  summed.reduceOp = sum_op();
+  return run(tensors, summed);
+}
+
 class ProcessGroupNeuron final : public c10d::Backend {
  public:
   explicit ProcessGroupNeuron(c10::intrusive_ptr<c10d::Backend> host)
@@ -96,33 +106,21 @@ class ProcessGroupNeuron final : public c10d::Backend {
                                            const c10d::AllreduceOptions& opts) override {
     count("all_reduce", nbytes(tensors));
     auto t = host_views(tensors);
-    if (!is_premul(opts.reduceOp)) return host_->allreduce(t, opts);
-    for (auto& x : t) scale_in_place(x, opts.reduceOp);
-    auto o = opts;
-    o.reduceOp = sum_op();
-    return host_->allreduce(t, o);
+    return in_place_reduction(t, opts, [&](auto& ts, const auto& o) { return host_->allreduce(ts, o); });
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts) override {
     count("all_reduce_coalesced", nbytes(tensors));
     auto t = host_views(tensors);
-    if (!is_premul(opts.reduceOp)) return host_->allreduce_coalesced(t, opts);
-    for (auto& x : t) scale_in_place(x, opts.reduceOp);
-    auto o = opts;
-    o.reduceOp = sum_op();
-    return host_->allreduce_coalesced(t, o);
+    return in_place_reduction(t, opts, [&](auto& ts, const auto& o) { return host_->allreduce_coalesced(ts, o); });
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override {
     count("reduce", nbytes(tensors));
     auto t = host_views(tensors);
-    if (!is_premul(opts.reduceOp)) return host_->reduce(t, opts);
-    for (auto& x : t) scale_in_place(x, opts.reduceOp);
-    auto o = opts;
-    o.reduceOp = sum_op();
-    return host_->reduce(t, o);
+    return in_place_reduction(t, opts, [&](auto& ts, const auto& o) { return host_->reduce(ts, o); });
   }
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
