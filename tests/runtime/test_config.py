@@ -89,3 +89,4 @@ def test_torchrun_local_rank_binding(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _torchrun_local_rank(64) == 3
     with pytest.raises(NeuronConfigError, match="local rank 3.*only 2 NeuronCores"):
         _torchrun_local_rank(2)
+    assert _torchrun_local_rank(1) == 0  # each worker was given its own core

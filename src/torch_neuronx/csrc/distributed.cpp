@@ -71,6 +71,14 @@ void scale_in_place(const at::Tensor& t, const c10d::ReduceOp& op) {
   }
 }
 
+// NCCL accepts the world-sized tensor of all_gather_into_tensor and
+// reduce_scatter_tensor stacked ([W, *shard]) as well as concatenated
+// ([W * d0, ...]); Gloo only the latter. Same memory, so a view serves.
+at::Tensor flat_if_stacked(const at::Tensor& big, const at::Tensor& shard) {
+  if (big.dim() == shard.dim() + 1 && big.dim() >= 2) return big.flatten(0, 1);
+  return big;
+}
+
 c10d::ReduceOp sum_op() { return c10d::ReduceOp(c10d::ReduceOp::SUM); }
 
 // In-place reductions: PREMUL_SUM scales each contribution, then sums.
@@ -94,6 +102,10 @@ class ProcessGroupNeuron final : public c10d::Backend {
   bool supportsCoalescing() const override { return host_->supportsCoalescing(); }
   void startCoalescing() override { host_->startCoalescing(); }
   c10::intrusive_ptr<c10d::Work> endCoalescing() override { return host_->endCoalescing(); }
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL checks collectives against each other
+  // (shapes included) by sequence number.
+  void setSequenceNumberForGroup() override { host_->setSequenceNumberForGroup(); }
+  uint64_t getSequenceNumberForGroup() override { return host_->getSequenceNumberForGroup(); }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
@@ -135,7 +147,7 @@ class ProcessGroupNeuron final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override {
     count("all_gather_into_tensor", nbytes({output}));
-    auto o = host_view(output);
+    auto o = flat_if_stacked(host_view(output), input);
     auto i = host_view(input);
     return host_->_allgather_base(o, i, opts);
   }
@@ -195,7 +207,7 @@ class ProcessGroupNeuron final : public c10d::Backend {
                                                       const c10d::ReduceScatterOptions& opts) override {
     count("reduce_scatter_tensor", nbytes({input}));
     auto o = host_view(output);
-    auto i = host_view(input);
+    auto i = flat_if_stacked(host_view(input), output);
     if (!is_premul(opts.reduceOp)) return host_->_reduce_scatter_base(o, i, opts);
     i = premultiplied(i, opts.reduceOp);  // a host copy: the caller's input stays as it was
     auto op = opts;

@@ -45,6 +45,8 @@ def _torchrun_local_rank(device_count: int) -> int | None:
     if "TORCHELASTIC_RUN_ID" not in os.environ or "LOCAL_RANK" not in os.environ:
         return None
     local_rank = int(os.environ["LOCAL_RANK"])
+    if device_count == 1:
+        return 0  # a launcher gave each worker its own core (NEURON_RT_VISIBLE_CORES)
     if local_rank >= device_count:
         raise NeuronConfigError(
             f"torchrun started local rank {local_rank}, but this process sees only {device_count} NeuronCores: "

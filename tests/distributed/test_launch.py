@@ -1,0 +1,88 @@
+"""Launching: torchrun on one node (4 workers, 2 x 2 mesh) and on two nodes, device binding, mesh checks,
+and init_process_group() with no backend.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import job_torchrun
+import pytest
+import torch
+import torch.distributed as dist
+from _harness import BASE_ENV, HERE, Outcomes, assert_passed, collect, free_port, run_procs, torchrun_argv
+
+import torch_neuronx.distributed as nd
+
+SCRIPT = str(HERE / "job_torchrun.py")
+
+
+def names_for(world: int) -> list[str]:
+    return [n for n in job_torchrun.checks.names
+            if not (n.startswith("mesh2d_") and world != 4) and not (n.startswith("across_nodes_") and world != 2)]
+
+
+@pytest.fixture(scope="module")
+def one_node(tmp_path_factory: pytest.TempPathFactory) -> Outcomes:
+    work = Path(tmp_path_factory.mktemp("torchrun1"))
+    out = work / "out"
+    out.mkdir()
+    argv = torchrun_argv("--standalone", "--nproc-per-node", "4", SCRIPT, "--out", str(out))
+    return collect(run_procs([(argv, {})], work, timeout=180), out, 4)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Outcomes:
+    work = Path(tmp_path_factory.mktemp("torchrun2"))
+    out = work / "out"
+    out.mkdir()
+    # two agents on loopback meet at a c10d rendezvous, as two hosts would
+    argv = torchrun_argv("--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                         "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "two-nodes",
+                         SCRIPT, "--out", str(out))
+    return collect(run_procs([(argv, {}), (argv, {})], work, timeout=180), out, 2)
+
+
+@pytest.mark.parametrize("name", names_for(4))
+def test_torchrun_one_node_four_workers(one_node: Outcomes, name: str) -> None:
+    assert_passed(one_node, name, 4)
+
+
+@pytest.mark.parametrize("name", names_for(2))
+def test_torchrun_two_nodes(two_nodes: Outcomes, name: str) -> None:
+    assert_passed(two_nodes, name, 2)
+
+
+def test_no_backend_picks_neuron_quietly() -> None:
+    code = (
+        "import torch, torch.distributed as dist\n"
+        "dist.init_process_group()\n"
+        "t, c = torch.ones(2, device='neuron'), torch.ones(2)\n"
+        "dist.all_reduce(t); dist.all_reduce(c)\n"
+        "print(dist.get_backend(), dist.get_backend_config())\n"
+        "dist.destroy_process_group()\n"
+    )
+    env = {**BASE_ENV, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["neuron", "cpu:neuron,neuron:neuron"], r.stdout
+    # no "Overriding ..." nor any other warning from registering the backend or making the group
+    assert r.stderr == "", r.stderr
+
+
+def test_init_mesh_checks_the_process_count() -> None:
+    dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = nd.init_mesh((1,), ("dp",))
+        assert mesh.device_type == "neuron" and mesh.mesh_dim_names == ("dp",)
+        with pytest.raises(ValueError, match="mesh 2 x 2 needs 4 processes, but 1 were launched"):
+            nd.init_mesh((2, 2), ("dp", "tp"))
+        with pytest.raises(ValueError, match="has 2 dims but 1 names"):
+            nd.init_mesh((1, 1), ("dp",))
+        t = torch.ones(2, device="neuron")
+        dist.all_reduce(t, group=mesh.get_group())
+        assert t.tolist() == [1.0, 1.0]
+    finally:
+        dist.destroy_process_group()
