@@ -43,6 +43,7 @@ def _register() -> None:
     _patch_tensor_printing()
     _C._set_init_callback(runtime._initialize)
     _C._route_structured_ops()
+    from torch_neuronx import compile as _compile  # noqa: F401  (arranges backend "neuron", lazily)
     from torch_neuronx import distributed
 
     distributed._register()

@@ -23,6 +23,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +36,10 @@ _ENV_DISABLE = "TORCH_NEURONX_DISABLE_NEFF_CACHE"
 _SEAL_SUFFIX = ".sha256"
 _CHUNK = 1 << 20
 
+MEMORY_ENTRIES = 256  # compiled graphs kept per process, least recently used dropped first
+
 _lock = threading.RLock()
-_memory: dict[str, Callable[..., Any]] = {}
+_memory: OrderedDict[str, Callable[..., Any]] = OrderedDict()
 _verified: set[Path] = set()
 _sealed: set[Path] = set()
 _scratch: Path | None = None
@@ -62,13 +65,18 @@ def memory_get(key: str | None) -> Callable[..., Any] | None:
     if key is None or not enabled():
         return None
     with _lock:
-        return _memory.get(key)
+        compiled = _memory.get(key)
+        if compiled is not None:
+            _memory.move_to_end(key)
+        return compiled
 
 
 def memory_put(key: str | None, compiled: Callable[..., Any]) -> None:
     if key is not None and enabled():
         with _lock:
             _memory[key] = compiled
+            while len(_memory) > MEMORY_ENTRIES:
+                _memory.popitem(last=False)
 
 
 def clear_memory() -> None:
@@ -252,10 +260,15 @@ def forget_verification() -> None:
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], extra: str) -> str | None:
     """A key of everything a compiled graph depends on, or None when it must not be shared."""
+    import torch._inductor.config as inductor_config
+
     h = hashlib.sha256()
     h.update(torch.__version__.encode())
     h.update(extra.encode())
-    h.update(f"grad={torch.is_grad_enabled()}".encode())
+    # Global state Dynamo guards on and the graph code does not show, and Inductor's settings.
+    h.update(repr((torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.get_default_dtype(),
+                   torch.are_deterministic_algorithms_enabled())).encode())
+    h.update(repr(sorted(inductor_config.save_config_portable().items())).encode())
     for name, module in gm.named_modules():  # the graph and any subgraphs (higher-order ops)
         if isinstance(module, torch.fx.GraphModule):
             h.update(name.encode())

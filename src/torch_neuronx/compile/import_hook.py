@@ -8,7 +8,6 @@ the ``neuron`` backend the moment Dynamo is loaded by whoever loads it.
 
 from __future__ import annotations
 
-import importlib.abc
 import sys
 import threading
 import warnings
@@ -43,7 +42,7 @@ def _run(name: str, callbacks: list[Callback], module: ModuleType) -> None:
             warnings.warn(f"torch_neuronx: hook on import of {name} failed: {exc!r}", stacklevel=2)
 
 
-class _Loader(importlib.abc.Loader):
+class _Loader:
     """Delegates to the real loader, then runs the callbacks waiting for the module."""
 
     def __init__(self, loader: Any, name: str) -> None:
@@ -65,7 +64,7 @@ class _Loader(importlib.abc.Loader):
         return getattr(self._loader, attr)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
                   ) -> ModuleSpec | None:
         if fullname not in _pending:

@@ -1,24 +1,24 @@
-"""Teach Inductor and Dynamo the ``neuron`` device.
+"""Teach Inductor the ``neuron`` device.
 
 Neuron memory is host memory (``data_ptr()`` is a plain host pointer), so
 Inductor's C++ CPU code generator produces correct kernels for it unchanged:
 we register that generator for the device, a Python wrapper that calls the
-kernels the way it does on CPU, the device's op overrides, and the Dynamo
-device interface. Importing this module imports Inductor (about a second),
-which is why the package registers it lazily, at the start of the first
-compilation (see :mod:`torch_neuronx.compile`).
+kernels the way it does on CPU, and the device's op overrides, and work
+around the places where Inductor takes "not cpu" to mean "a GPU". Importing
+this module imports Inductor, which is why :mod:`.registration` loads it
+only when Inductor first asks for the device's code generator, or when the
+``neuron`` backend first compiles.
 """
 
 from __future__ import annotations
 
-import os
+import functools
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch._inductor.config as inductor_config
-from torch._dynamo.device_interface import DeviceInterface, register_interface_for_device
 from torch._inductor.codegen.common import (
     DeviceOpOverrides,
     register_backend_for_device,
@@ -27,6 +27,8 @@ from torch._inductor.codegen.common import (
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 from torch._inductor.virtualized import V
+
+from torch_neuronx.compile import device_interface
 
 DEVICE = "neuron"
 _HOST = torch.device("cpu")
@@ -49,6 +51,26 @@ class NeuronDeviceOpOverrides(DeviceOpOverrides):
 
     def cpp_kernel_type(self) -> str:
         return "void*"
+
+
+def _cpp_kernel_language(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # Inductor picks the kernel language from the device type ("cpu" -> C++,
+        # any unknown type -> config.cuda_backend, i.e. Triton) with no per-device
+        # registration; dtype propagation and masked loads go wrong unless it says C++.
+        with inductor_config.patch(cuda_backend="cpp"):
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+class NeuronCppScheduling(CppScheduling):
+    """Inductor's C++ scheduling, told that neuron kernels are C++ kernels."""
+
+    codegen_node = _cpp_kernel_language(CppScheduling.codegen_node)
+    codegen_template = _cpp_kernel_language(CppScheduling.codegen_template)
+    flush = _cpp_kernel_language(CppScheduling.flush)
 
 
 class _HostKernelCalls:
@@ -91,107 +113,6 @@ class NeuronWrapperCodegen(_HostKernelCalls, PythonWrapperCodegen):
         return NeuronWrapperCodegen()
 
 
-@dataclass(frozen=True)
-class NeuronWorkerProperties:
-    """What Inductor's heuristics read about a core, plus the core's own properties."""
-
-    name: str
-    total_memory: int
-    multi_processor_count: int  # host threads that run the kernels
-
-
-class NeuronInterface(DeviceInterface):
-    """Dynamo/Inductor's runtime view of the device, backed by ``torch.neuron``."""
-
-    class Worker:
-        @staticmethod
-        def set_device(device: int) -> None:
-            torch.neuron.set_device(device)
-
-        @staticmethod
-        def current_device() -> int:
-            return torch.neuron.current_device()
-
-        @staticmethod
-        def get_device_properties(device: torch.types.Device = None) -> NeuronWorkerProperties:
-            props = torch.neuron.get_device_properties(device)
-            return NeuronWorkerProperties(props.name, props.total_memory, os.cpu_count() or 1)
-
-    @staticmethod
-    def current_device() -> int:
-        return torch.neuron.current_device()
-
-    @staticmethod
-    def set_device(device: torch.types.Device) -> None:
-        torch.neuron.set_device(device)
-
-    @staticmethod
-    def maybe_exchange_device(device: int) -> int:
-        return NeuronInterface.exchange_device(device)
-
-    @staticmethod
-    def exchange_device(device: int) -> int:
-        previous = torch.neuron.current_device()
-        if device >= 0 and device != previous:
-            torch.neuron.set_device(device)
-        return previous
-
-    @staticmethod
-    def device_count() -> int:
-        return torch.neuron.device_count()
-
-    @staticmethod
-    def is_available() -> bool:
-        return torch.neuron.is_available()
-
-    @staticmethod
-    def stream(stream: torch.Stream) -> Any:
-        return torch.neuron.stream(stream)
-
-    @staticmethod
-    def current_stream() -> torch.Stream:
-        return torch.neuron.current_stream()
-
-    @staticmethod
-    def set_stream(stream: torch.Stream) -> None:
-        torch.neuron.set_stream(stream)
-
-    @staticmethod
-    def _set_stream_by_id(stream_id: int, device_index: int, device_type: int) -> None:
-        torch.neuron.set_stream(
-            torch.neuron.Stream(stream_id=stream_id, device_index=device_index, device_type=device_type)
-        )
-
-    @staticmethod
-    def get_raw_stream(device_idx: int) -> int:
-        return 0
-
-    @staticmethod
-    def synchronize(device: torch.types.Device = None) -> None:
-        torch.neuron.synchronize(device)
-
-    @staticmethod
-    def get_compute_capability(device: torch.types.Device = None) -> str:
-        return ""  # the kernels are host code: nothing device-generation specific
-
-    @staticmethod
-    def is_bf16_supported(including_emulation: bool = False) -> bool:
-        return True
-
-    @classmethod
-    def is_dtype_supported(cls, dtype: torch.dtype, including_emulation: bool = False) -> bool:
-        return True  # the emulator computes every dtype its CPU kernels compute
-
-    @staticmethod
-    def memory_allocated(device: torch.types.Device = None) -> int:
-        return torch.neuron.memory_allocated(device)
-
-
-# Dynamo's DeviceInterface declares these as classes to subclass; torch.neuron has them.
-NeuronInterface.device = torch.neuron.device  # type: ignore[assignment,misc]
-NeuronInterface.Stream = torch.neuron.Stream  # type: ignore[assignment,misc]
-NeuronInterface.Event = torch.neuron.Event  # type: ignore[assignment,misc]
-
 _lock = threading.Lock()
 _registered = False
 
@@ -204,11 +125,9 @@ def register() -> None:
     with _lock:
         if _registered:
             return
-        register_interface_for_device(DEVICE, NeuronInterface)
-        for index in range(torch.neuron.device_count()):
-            register_interface_for_device(f"{DEVICE}:{index}", NeuronInterface)
+        device_interface.register(per_core=True)
         register_device_op_overrides(DEVICE, NeuronDeviceOpOverrides())
-        register_backend_for_device(DEVICE, CppScheduling, NeuronWrapperCodegen)
+        register_backend_for_device(DEVICE, NeuronCppScheduling, NeuronWrapperCodegen)
         # Inductor's loop re-indexing pass assumes every non-"cpu" device is a GPU
         # (it calls GPU-only helpers); it has no per-device switch.
         inductor_config.loop_reindexing_after_fusion = False

@@ -1,0 +1,201 @@
+"""The ``neuron`` Dynamo backend: static-shape graphs lowered to fused host code.
+
+``torch.compile(model, backend="neuron")`` hands each graph Dynamo captures to
+:func:`neuron_backend`, which lowers forward and backward through AOTAutograd
+and Inductor's C++ code generator (registered for the device in
+:mod:`torch_neuronx.compile.inductor`), like the Neuron compiler lowers them to
+a NEFF. Semantics follow TorchNeuron:
+
+* Shapes are static: each distinct input shape is its own graph. When Dynamo
+  has made a dimension symbolic on its own (automatic dynamic shapes, or
+  ``torch._dynamo.mark_dynamic``), the graph is specialised per concrete shape
+  here, so a new shape still compiles a new static graph.
+* ``dynamic=True`` is refused with :class:`NeuronDynamicShapesError`.
+* Only mode "default" exists; other modes warn once and compile as default.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torch_neuronx.compile import cache, metrics, passes
+from torch_neuronx.compile.metrics import InputDesc
+
+BACKEND_NAME = "neuron"
+_warned_modes: set[str] = set()
+
+
+class NeuronDynamicShapesError(ValueError):
+    """Raised for ``torch.compile(..., backend="neuron", dynamic=True)``: Neuron graphs have static shapes."""
+
+
+DYNAMIC_SHAPES_MESSAGE = (
+    'torch.compile(backend="neuron") does not support dynamic=True: Neuron graphs have static shapes and '
+    "every new input shape compiles a new graph. Use dynamic=False (or leave it unset), and pad inputs to "
+    "a few fixed sizes to bound the number of graphs: torch_neuronx.compile.bucketing.pad_batch(..., "
+    "pad_to_multiple_of=128) or pad_batch(..., buckets=propose_buckets(lengths, max_graphs=N).buckets)."
+)
+
+
+def check_mode(mode: str | None) -> None:
+    """Warn once per mode that is not "default" (TorchNeuron compiles only the default way)."""
+    if mode in (None, "default") or mode in _warned_modes:
+        return
+    _warned_modes.add(mode)
+    warnings.warn(
+        f'torch.compile(backend="neuron") supports only mode="default"; mode={mode!r} is ignored and '
+        "the model compiles as in the default mode.",
+        stacklevel=3,
+    )
+
+
+def neuron_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *, mode: str | None = None,
+                   options: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """Dynamo backend ``"neuron"``; `mode` and `options` arrive from ``torch.compile``."""
+    import torch._dynamo.config as dynamo_config
+
+    from torch_neuronx.compile import inductor
+
+    inductor.register()
+    if not dynamo_config.assume_static_by_default:  # what torch.compile(dynamic=True) sets
+        raise NeuronDynamicShapesError(DYNAMIC_SHAPES_MESSAGE)
+    check_mode(mode)
+    options = dict(options or {})
+    function = _current_function()
+    compile_id = _compile_id(gm)
+    if any(isinstance(x, torch.SymInt) for x in example_inputs):
+        return _StaticSpecializer(gm, function, compile_id, options)
+    return compile_graph(gm, example_inputs, function, compile_id, options)
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], function: str, compile_id: str | None,
+                  options: dict[str, Any], names: list[str] | None = None) -> Callable[..., Any]:
+    """Compile one static graph through the memory and disk caches, and record it.
+
+    `names` are the inputs' Dynamo sources ("" for sizes Dynamo passes as ints);
+    by default they are read from the graph, where Dynamo keeps them until it
+    finishes compiling.
+    """
+    from torch._inductor.compile_fx import compile_fx
+
+    start = time.perf_counter()
+    names = names if names is not None else input_names(gm)  # before Inductor takes over the graph
+    passes.use_host_flash_attention(gm)
+    key = cache.graph_key(gm, example_inputs, repr(sorted(options.items())))
+    compiled = cache.memory_get(key)
+    if compiled is not None:
+        outcome = "memory"
+        metrics.record_cache("memory", hit=True)
+    else:
+        if cache.enabled() and key is not None:
+            metrics.record_cache("memory", hit=False)
+        with cache.disk_scope() as disk:
+            compiled = compile_fx(gm, example_inputs, config_patches=options or None)
+        if disk.removed_corrupt:
+            metrics.record_corrupt(disk.removed_corrupt)
+        if disk.result != "off":
+            metrics.record_cache("disk", hit=disk.result == "hit")
+        outcome = {"hit": "disk"}.get(disk.result, disk.result)
+        cache.memory_put(key, compiled)
+    metrics.record_graph(function, _describe(names, example_inputs), time.perf_counter() - start, outcome,
+                         compile_id)
+    return compiled
+
+
+class _StaticSpecializer:
+    """Runs a graph Dynamo traced with symbolic sizes as one static graph per concrete input shape.
+
+    Compiles happen at the first call with a shape, outside Dynamo's tracing
+    context, so Inductor sees concrete sizes. Like Dynamo, it stops compiling
+    after ``torch._dynamo.config.recompile_limit`` graphs and runs the rest eagerly.
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule, function: str, compile_id: str | None,
+                 options: dict[str, Any]) -> None:
+        self.gm = gm
+        self.function = function
+        self.compile_id: str | None = compile_id
+        self.options = options
+        self.names = input_names(gm)
+        self.graphs: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self.gave_up = False
+
+    def __call__(self, *args: Any) -> Any:
+        key = tuple((tuple(a.shape), a.stride(), a.dtype, a.device, a.requires_grad)
+                    if isinstance(a, torch.Tensor) else a for a in args)
+        compiled = self.graphs.get(key)
+        if compiled is None:
+            import torch._dynamo.config as dynamo_config
+
+            if len(self.graphs) >= dynamo_config.recompile_limit:
+                if not self.gave_up:
+                    self.gave_up = True
+                    warnings.warn(
+                        f"torch_neuronx: {self.function} reached torch._dynamo.config.recompile_limit "
+                        f"({dynamo_config.recompile_limit}) shapes; new shapes run eagerly. "
+                        "Bucket the inputs (torch_neuronx.compile.bucketing).",
+                        stacklevel=2,
+                    )
+                return self.gm(*args)
+            compiled = compile_graph(self.gm, list(args), self.function, self.compile_id, self.options,
+                                     self.names)
+            self.compile_id = None  # Dynamo's recompile reason belongs to the first specialisation only
+            self.graphs[key] = compiled
+        return compiled(*args)
+
+
+def _current_function() -> str:
+    """The function Dynamo is compiling: "name (file:line)", or "Model.forward" for a compiled module."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+        code, local = (tx.f_code, tx.f_locals) if tx is not None else (None, {})
+    except Exception:  # an internal API: degrade to a generic name, never fail a compile
+        code, local = None, {}
+    if code is None:
+        return "<unknown function>"
+    target = local.get("fn")
+    if code.co_name == "inner" and isinstance(target, torch.nn.Module):
+        # torch.compile(module) traces a wrapper shared by every compiled module: name the module.
+        return f"{type(target).__name__}.forward (module at {id(target):#x})"
+    return f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
+
+
+def _compile_id(gm: torch.fx.GraphModule) -> str | None:
+    compile_id = gm.meta.get("dynamo_compile_id") if hasattr(gm, "meta") else None
+    return str(compile_id) if compile_id is not None else None
+
+
+def input_names(gm: torch.fx.GraphModule) -> list[str]:
+    """Dynamo's source of each graph input, e.g. "L['x']"; "" for a size Dynamo made symbolic."""
+    names = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        grapharg = node.meta.get("grapharg")
+        source = getattr(grapharg, "source", None)
+        example = node.meta.get("example_value")
+        if isinstance(example, torch.SymInt):
+            names.append("")
+        else:
+            names.append(source.name if source is not None else node.name)
+    return names
+
+
+def _describe(names: list[str], inputs: list[Any]) -> tuple[InputDesc, ...]:
+    described = []
+    for name, value in zip(names, inputs, strict=False):
+        if not name:
+            continue  # a symbolic size: the tensor it measures shows the change
+        if isinstance(value, torch.Tensor):
+            parameter = isinstance(value, torch.nn.Parameter) or "_parameters" in name
+            described.append(InputDesc(name, tuple(value.shape), parameter=parameter))
+        else:
+            described.append(InputDesc(name, None, value if isinstance(value, int | float | bool) else repr(value)))
+    return tuple(described)
