@@ -22,10 +22,7 @@ import torch  # noqa: E402
 
 __version__ = "0.1.0"
 
-from torch_neuronx import (
-    _C,  # noqa: E402  (the C++ core: allocator, guard, hooks, kernels)
-    runtime,  # noqa: E402
-)
+from torch_neuronx import _C, runtime  # noqa: E402  (_C: the C++ core, registered on load)
 
 
 def _register() -> None:
