@@ -1,4 +1,4 @@
-"""Rank side of test_training.py: FSDP2, tensor parallelism and checkpoints on 2 ranks vs one process."""
+"""Rank side of test_parallel_training.py: FSDP2, tensor parallelism and checkpoints on 2 ranks vs one process."""
 
 from __future__ import annotations
 
