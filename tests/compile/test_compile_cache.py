@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -78,19 +79,30 @@ def test_disk_cache_across_processes_and_corruption(tmp_path: Path) -> None:
     assert set(recovered["cache"]["corrupt_entries_removed"]) == {str(p) for p in [kernel, *graphs]}
 
 
-def test_verify_removes_files_that_do_not_match_their_seal(tmp_path: Path) -> None:
+def test_verify_removes_damaged_files(tmp_path: Path) -> None:
     data = tmp_path / "inductor" / "ab"
     data.mkdir(parents=True)
+    library = Path(torch._C.__file__).read_bytes()  # any real shared library
     good, bad = data / "good.so", data / "bad.so"
-    good.write_bytes(b"x" * 100)
-    bad.write_bytes(b"y" * 100)
+    good.write_bytes(library)
+    bad.write_bytes(library)
     cache.seal(tmp_path)
-    bad.write_bytes(b"y" * 50)
-    unsealed = data / "new.py"
-    unsealed.write_text("written by a process still compiling")
-    cache.forget_verification()
-    assert cache.verify(tmp_path) == [str(bad)]
-    assert good.exists() and not bad.exists() and unsealed.exists()
+    bad.write_bytes(library[:-100])  # sealed, then truncated
+    pickle_ = data / "entry"
+    pickle_.write_text("written atomically by a process that has not sealed it yet")
+    whole, cut = data / "whole.main.so", data / "cut.main.so"  # unsealed libraries
+    whole.write_bytes(library)
+    cut.write_bytes(library[: len(library) // 2])
+    busy = data / "busy.main.so"  # a compiler is still writing it, under Inductor's lock
+    busy.write_bytes(library[:100])
+    locks = tmp_path / "inductor" / "locks"
+    locks.mkdir()
+    with open(locks / "busy.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cache.forget_verification()
+        removed = cache.verify(tmp_path)
+    assert sorted(removed) == sorted([str(bad), str(cut)])
+    assert all(p.exists() for p in (good, pickle_, whole, busy))
     assert cache.verify(tmp_path) == []  # once per process and directory
 
 

@@ -2,13 +2,15 @@
 
 On disk we reuse Inductor's own caches (AOTAutograd cache, FX graph cache,
 compiled kernels), pointed at ``$TORCH_NEURONX_NEFF_CACHE_DIR/inductor`` while
-a neuron graph compiles. Inductor writes each file atomically (temp file +
-rename), so concurrent processes share it safely; what it lacks is a check
+a neuron graph compiles. Inductor writes its entries atomically (temp file +
+rename) and compiles kernel libraries under a per-key file lock, so
+concurrent processes share the directory safely; what it lacks is a check
 that a file is still what was written: a truncated or garbled kernel library
-can crash the process when loaded. We add that: after each compile every new
-file gets a SHA-256 seal in ``checksums/`` (written atomically too), and the
-first neuron compile of a process deletes every file whose seal does not
-match, so Inductor sees a miss and recompiles it.
+can crash the process that loads it. We add that: after each compile every
+new file gets a SHA-256 seal in ``checksums/`` (written atomically too), and
+the first neuron compile of a process deletes every file whose seal does not
+match, and any unsealed kernel library cut short (a compiler killed while
+writing it), so Inductor sees a miss and recompiles it.
 
 Environment:
   TORCH_NEURONX_NEFF_CACHE_DIR      cache directory (default ~/.cache/torch_neuronx/neff)
@@ -18,9 +20,11 @@ Environment:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
+import struct
 import tempfile
 import threading
 from collections import OrderedDict
@@ -205,13 +209,53 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def _writer_active(root: Path, path: Path) -> bool:
+    """Whether a process holds Inductor's lock for this file (e.g. the compiler is still writing it).
+
+    Inductor compiles kernel libraries in place, under a lock file per key
+    (``locks/<key>.lock``, an flock); we only probe it, non-blocking.
+    """
+    lock = root / "inductor" / "locks" / (path.name.split(".", 1)[0] + ".lock")
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _elf_complete(path: Path) -> bool:
+    """Whether a shared library holds all it declares (its section table ends the file; a cut-off write loses it)."""
+    with path.open("rb") as f:
+        header = f.read(64)
+    if len(header) < 52 or header[:4] != b"\x7fELF":
+        return False
+    order = "<" if header[5] == 1 else ">"
+    if header[4] == 2:  # 64-bit
+        (table,), (entry, count) = struct.unpack_from(order + "Q", header, 0x28), struct.unpack_from(
+            order + "HH", header, 0x3A)
+    else:
+        (table,), (entry, count) = struct.unpack_from(order + "I", header, 0x20), struct.unpack_from(
+            order + "HH", header, 0x2E)
+    return table + entry * count <= path.stat().st_size
+
+
 def seal(root: Path) -> None:
-    """Record the checksum of every cache file that has none yet."""
+    """Record the checksum of every complete cache file that has none yet."""
     for path, seal_path in _cached_files(root):
         if path in _sealed:
             continue
         try:
             if not seal_path.exists():
+                if _writer_active(root, path):
+                    continue  # seal it once the compiler has finished writing it
                 size = path.stat().st_size
                 _write_atomic(seal_path, f"{_digest(path)} {size}\n")
         except FileNotFoundError:  # another process removed it meanwhile
@@ -219,8 +263,25 @@ def seal(root: Path) -> None:
         _sealed.add(path)
 
 
+def _intact(root: Path, path: Path, seal_path: Path) -> bool:
+    try:
+        recorded = seal_path.read_text().split()
+    except FileNotFoundError:
+        # Not sealed: written by a process that has not sealed it yet, or that died
+        # first. Inductor writes its pickles and sources atomically, but compiles
+        # kernel libraries in place, so a library may be cut short: check it is whole.
+        return not path.name.endswith(".so") or _elf_complete(path)
+    except OSError:
+        return False
+    try:
+        return (len(recorded) == 2 and path.stat().st_size == int(recorded[1])
+                and _digest(path) == recorded[0])
+    except (OSError, ValueError):
+        return False
+
+
 def verify(root: Path) -> list[str]:
-    """Once per process and directory: delete cache files that no longer match their seal."""
+    """Once per process and directory: delete cache files that are damaged (Inductor recompiles them)."""
     with _lock:
         if root in _verified:
             return []
@@ -228,18 +289,11 @@ def verify(root: Path) -> list[str]:
     removed: list[str] = []
     for path, seal_path in _cached_files(root):
         try:
-            recorded = seal_path.read_text().split()
+            if _intact(root, path, seal_path) or _writer_active(root, path):
+                if seal_path.exists():
+                    _sealed.add(path)
+                continue
         except FileNotFoundError:
-            continue  # not sealed yet (being written by another process): Inductor wrote it atomically
-        except OSError:
-            recorded = []
-        try:
-            ok = (len(recorded) == 2 and path.stat().st_size == int(recorded[1])
-                  and _digest(path) == recorded[0])
-        except (OSError, ValueError):
-            ok = False
-        if ok:
-            _sealed.add(path)
             continue
         for stale in (path, seal_path):
             with contextlib.suppress(FileNotFoundError):
