@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from torch_neuronx.compile import cache, metrics, passes
+from torch_neuronx.compile import cache, metrics
 from torch_neuronx.compile.metrics import InputDesc
 
 BACKEND_NAME = "neuron"
@@ -83,9 +83,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], function:
     """
     from torch._inductor.compile_fx import compile_fx
 
+    from torch_neuronx.compile import inductor
+
     start = time.perf_counter()
     names = names if names is not None else input_names(gm)  # before Inductor takes over the graph
-    passes.use_host_flash_attention(gm)
     key = cache.graph_key(gm, example_inputs, repr(sorted(options.items())))
     compiled = cache.memory_get(key)
     if compiled is not None:
@@ -95,7 +96,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], function:
         if cache.enabled() and key is not None:
             metrics.record_cache("memory", hit=False)
         with cache.disk_scope() as disk:
-            compiled = compile_fx(gm, example_inputs, config_patches=options or None)
+            compiled = compile_fx(gm, example_inputs, config_patches={**inductor.BACKEND_CONFIG, **options})
         if disk.removed_corrupt:
             metrics.record_corrupt(disk.removed_corrupt)
         if disk.result != "off":

@@ -33,6 +33,14 @@ from torch_neuronx.compile import device_interface
 DEVICE = "neuron"
 _HOST = torch.device("cpu")
 
+# Inductor settings the "neuron" backend compiles with. Inductor lowers
+# torch.cat into one copy kernel on "cpu" but into a fused pointwise
+# kernel on every other device, a choice it made for GPUs: its C++ code
+# generator is slower that way, and on some graphs fails to index it
+# (`Identity(...)` offsets; seen on inkling2_text's static-cache decode).
+# Neuron runs the C++ generator, so it takes CPU's choice.
+BACKEND_CONFIG: dict[str, Any] = {"max_pointwise_cat_inputs": 0, "max_complex_pointwise_cat_inputs": 0}
+
 
 class NeuronDeviceOpOverrides(DeviceOpOverrides):
     """Snippets the wrapper emits around kernels: the emulated device has no streams to wait on."""

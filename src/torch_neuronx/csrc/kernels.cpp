@@ -4,6 +4,7 @@
 #include "neuron.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/Dispatch.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/TensorFactories.h>
 #include <ATen/ops/as_strided_cpu_dispatch.h>
@@ -122,8 +123,14 @@ at::Tensor alias_or_undefined(const std::optional<at::Tensor>& t) {
   return t && t->defined() ? cpu_alias(*t) : at::Tensor();
 }
 
+at::Tensor contiguous_or_undefined(const at::Tensor& t) { return t.defined() ? t.contiguous() : t; }
+
 // PrivateUse1 convolutions dispatch to the *_overrideable ops, which have no
 // CPU kernel to fall back to: run the CPU convolution on aliases instead.
+// Results are contiguous whatever the input's layout: that is the memory
+// format PyTorch declares for the overrideable backend, which FakeTensor (and
+// so torch.compile) assumes; the CPU kernel's channels_last result would
+// contradict the compiled graph's stride checks.
 at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
                                     const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
                                     c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
@@ -131,7 +138,7 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
   const auto index = input.device().index();
   auto out = at::convolution(cpu_alias(input), cpu_alias(weight), alias_or_undefined(bias), stride, padding,
                              dilation, transposed, output_padding, groups);
-  return to_device(out, index);
+  return to_device(out.contiguous(), index);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
@@ -145,7 +152,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
       cpu_alias(grad_output), cpu_alias(input), cpu_alias(weight),
       output_mask[2] ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(), stride, padding, dilation,
       transposed, output_padding, groups, output_mask);
-  return {to_device(gi, index), to_device(gw, index), to_device(gb, index)};
+  return {to_device(contiguous_or_undefined(gi), index), to_device(contiguous_or_undefined(gw), index),
+          to_device(gb, index)};
 }
 
 // Dropout as the CPU computes it. PyTorch sends accelerators (PrivateUse1
@@ -170,6 +178,76 @@ at::Tensor& dropout_(at::Tensor& input, double p, bool train) {
   return input.mul_(noise);
 }
 
+// CUDA counts integer tensors too, into a histogram of the input's dtype; the
+// CPU kernel takes floating types only. MoE routers depend on it
+// (transformers' grouped_mm experts run histc on int32 expert ids off CPU).
+// CUDA's arithmetic, in the input type and 64-bit accumulators: bounds
+// truncated to the type, min == max means the data's range, a bin is
+// (v - min) * bins / (max - min) in integers, max falls in the last bin.
+template <typename T>
+at::Tensor histc_integral(const at::Tensor& self, int64_t bins, const c10::Scalar& min, const c10::Scalar& max) {
+  const at::Tensor data = cpu_alias(self).contiguous();
+  T lo = min.to<T>(), hi = max.to<T>();
+  if (lo == hi && data.numel() > 0) {
+    lo = data.min().item<T>();
+    hi = data.max().item<T>();
+  }
+  if (lo == hi) {
+    lo = static_cast<T>(lo - 1);
+    hi = static_cast<T>(hi + 1);
+  }
+  TORCH_CHECK(lo < hi, "max must be larger than min");
+  at::Tensor hist = at::zeros({bins}, data.options());
+  T* counts = hist.data_ptr<T>();
+  const T* values = data.const_data_ptr<T>();
+  const int64_t low = lo, width = static_cast<int64_t>(hi) - low;
+  for (int64_t i = 0, n = data.numel(); i < n; ++i) {
+    const int64_t v = values[i];
+    if (v < low || v > static_cast<int64_t>(hi)) continue;
+    int64_t bin = (v - low) * bins / width;
+    if (bin == bins) --bin;
+    ++counts[bin];
+  }
+  return hist;
+}
+
+at::Tensor histc_kernel(const at::Tensor& self, int64_t bins, const c10::Scalar& min, const c10::Scalar& max) {
+  TORCH_CHECK(bins > 0, "bins must be > 0, but got ", bins);
+  const auto index = self.device().index();
+  if (!c10::isIntegralType(self.scalar_type(), /*includeBool=*/false)) {
+    return to_device(at::histc(cpu_alias(self), bins, min, max), index);
+  }
+  at::Tensor hist;
+  AT_DISPATCH_INTEGRAL_TYPES(self.scalar_type(), "histc",
+                             [&] { hist = histc_integral<scalar_t>(self, bins, min, max); });
+  return to_device(hist, index);
+}
+
+at::Tensor& histc_out(const at::Tensor& self, int64_t bins, const c10::Scalar& min, const c10::Scalar& max,
+                      at::Tensor& out) {
+  TORCH_CHECK(out.scalar_type() == self.scalar_type(), "torch.histc: input tensor and hist tensor should have the "
+              "same dtype, but got input ", self.scalar_type(), " and hist ", out.scalar_type());
+  const at::Tensor hist = histc_kernel(self, bins, min, max);
+  at::native::resize_output(out, hist.sizes());
+  out.copy_(hist);
+  return out;
+}
+
+// c10 treats CPU and CUDA tensors as interchangeable behind one Variable
+// (`param.data = other`) but knows no PrivateUse1 backend, so without this
+// module.to("neuron") would replace every Parameter instead of swapping its
+// data, and an optimizer built before the move would keep training the
+// stale CPU copies (Accelerate's documented prepare() order).
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  static const c10::DispatchKeySet dense_backends({c10::BackendComponent::CPUBit, c10::BackendComponent::CUDABit,
+                                                   c10::BackendComponent::PrivateUse1Bit});
+  const auto dense = [](c10::DispatchKeySet ks) {
+    return ks.has_any(c10::DispatchKeySet(c10::DispatchKey::Dense)) && ks.has_any(dense_backends);
+  };
+  const auto a = self.key_set(), b = from.key_set();
+  return (dense(a) && dense(b)) || self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(b);
+}
+
 }  // namespace
 
 }  // namespace torch_neuronx
@@ -177,6 +255,7 @@ at::Tensor& dropout_(at::Tensor& input, double p, bool train) {
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("dropout", torch_neuronx::dropout);
   m.impl("dropout_", torch_neuronx::dropout_);
+  m.impl("_has_compatible_shallow_copy_type", torch_neuronx::has_compatible_shallow_copy_type);
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -198,6 +277,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_efficientzerotensor", efficientzerotensor);
   m.impl("convolution_overrideable", convolution_overrideable);
   m.impl("convolution_backward_overrideable", convolution_backward_overrideable);
+  m.impl("histc", histc_kernel);
+  m.impl("histc.out", histc_out);
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
 }
 
 // Copies resolve the conjugate and negative bits themselves (the CPU copy

@@ -1,0 +1,132 @@
+"""Where an accelerator covers more than the CPU kernels: the device's own kernels, against CUDA's documented
+behaviour or the CPU run of the same code."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+
+def _histc_reference(values: list[int], bins: int, lo: int, hi: int) -> list[int]:
+    """CUDA's integer histc: (v - min) * bins // (max - min), max in the last bin, outside values dropped."""
+    counts = [0] * bins
+    for v in values:
+        if lo <= v <= hi:
+            counts[min((v - lo) * bins // (hi - lo), bins - 1)] += 1
+    return counts
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64])
+def test_histc_counts_integers_like_cuda(dtype: torch.dtype) -> None:
+    values = [0, 1, 1, 3, 7, 7, 7, 2, 5, 9, 100]
+    x = torch.tensor(values, dtype=dtype, device="neuron")
+    for bins, lo, hi in [(4, 0, 3), (3, 0, 9), (8, 1, 7), (5, 0, 10)]:
+        got = torch.histc(x, bins=bins, min=lo, max=hi)
+        assert got.dtype == dtype and got.device.type == "neuron"  # CUDA keeps the input's dtype
+        assert got.cpu().tolist() == _histc_reference(values, bins, lo, hi), (bins, lo, hi)
+    # min == max: the data's own range, as on CUDA.
+    assert torch.histc(x, bins=4).cpu().tolist() == _histc_reference(values, 4, 0, 100)
+
+
+def test_histc_integer_edge_cases() -> None:
+    same = torch.full((5,), 3, dtype=torch.int32, device="neuron")
+    # A constant input widens to [v - 1, v + 1].
+    assert torch.histc(same, bins=2).cpu().tolist() == _histc_reference([3] * 5, 2, 2, 4)
+    assert torch.histc(torch.empty(0, dtype=torch.int32, device="neuron"), bins=3).cpu().tolist() == [0, 0, 0]
+    ids = torch.arange(12, dtype=torch.int32, device="neuron").view(3, 4).t()  # non-contiguous
+    assert torch.histc(ids, bins=3, min=0, max=11).cpu().tolist() == [4, 4, 4]
+    out = torch.empty(0, dtype=torch.int32, device="neuron")
+    assert torch.histc(ids, bins=3, min=0, max=11, out=out) is out and out.cpu().tolist() == [4, 4, 4]
+    with pytest.raises(RuntimeError, match="max must be larger than min"):
+        torch.histc(same, bins=2, min=5, max=1)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        torch.histc(ids, bins=3, out=torch.empty(0, device="neuron"))
+
+
+def test_histc_floats_match_cpu() -> None:
+    x = torch.randn(1000)
+    for args in [(10, 0.0, 0.0), (7, -1.0, 1.0)]:
+        assert torch.equal(torch.histc(x.to("neuron"), *args).cpu(), torch.histc(x, *args))
+
+
+def test_module_to_keeps_parameter_objects() -> None:
+    """As with CUDA: the Parameter objects survive the move, so an optimizer made earlier still owns them."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    ref = torch.nn.Linear(4, 3)
+    ref.load_state_dict(model.state_dict())
+    params = list(model.parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.to("neuron")
+    assert [p is q for p, q in zip(model.parameters(), params, strict=True)] == [True, True]
+    assert all(p.device.type == "neuron" for p in params)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    x = torch.randn(8, 4)
+    for m, o, inp in ((model, opt, x.to("neuron")), (ref, ref_opt, x)):
+        m(inp).square().sum().backward()
+        o.step()
+    assert torch.equal(model.weight.detach().cpu(), ref.weight.detach())
+    assert torch._has_compatible_shallow_copy_type(torch.zeros(1), torch.zeros(1, device="neuron"))
+    assert not torch._has_compatible_shallow_copy_type(torch.zeros(2).to_sparse(), torch.zeros(2, device="neuron"))
+    p = torch.nn.Parameter(torch.zeros(3))
+    p.data = torch.ones(3, device="neuron")  # set_data across the boundary, as CUDA allows
+    assert p.device.type == "neuron" and isinstance(p, torch.nn.Parameter)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", ["causal", "mask", "plain"])
+def test_sdpa_takes_cpu_fused_kernel_and_matches_cpu(dtype: torch.dtype, case: str) -> None:
+    q, k, v = (torch.randn(2, 4, 64, 16, dtype=dtype) for _ in range(3))
+    kwargs = {"is_causal": True} if case == "causal" else {}
+    if case == "mask":
+        kwargs["attn_mask"] = torch.rand(64, 64) > 0.3
+    cpu_in = [t.clone().requires_grad_() for t in (q, k, v)]
+    dev_in = [t.to("neuron").requires_grad_() for t in (q, k, v)]
+    dev_kwargs = {n: a.to("neuron") if isinstance(a, torch.Tensor) else a for n, a in kwargs.items()}
+    want = F.scaled_dot_product_attention(*cpu_in, **kwargs)
+    with torch.profiler.profile() as prof:
+        got = F.scaled_dot_product_attention(*dev_in, **dev_kwargs)
+    names = {e.name for e in prof.events()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in names, names
+    assert "aten::_scaled_dot_product_attention_math" not in names
+    # The same kernel on the same bits: equal, not merely close, in every dtype.
+    assert torch.equal(got.cpu(), want)
+    grad = torch.randn_like(want)
+    want.backward(grad)
+    got.backward(grad.to("neuron"))
+    for c, d in zip(cpu_in, dev_in, strict=True):
+        assert torch.equal(d.grad.cpu(), c.grad)
+
+
+def test_sdpa_with_dropout_follows_cpu_to_math_and_its_numbers() -> None:
+    """CPU takes the math path for attention dropout; so does neuron, drawing the same numbers for the same seed."""
+    q = torch.randn(2, 2, 8, 4)
+    torch.manual_seed(0)
+    want = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    qd = q.to("neuron")
+    torch.manual_seed(0)
+    with torch.profiler.profile() as prof:
+        got = F.scaled_dot_product_attention(qd, qd, qd, dropout_p=0.5)
+    assert "aten::_scaled_dot_product_attention_math" in {e.name for e in prof.events()}
+    assert torch.equal(got.cpu(), want)
+
+
+def test_conv_output_layout_agrees_with_fake_tensor() -> None:
+    """The compiled graph's stride checks come from FakeTensor; the real kernel must lay out results the same way."""
+    x = torch.randn(2, 3, 16, 16).to(memory_format=torch.channels_last)
+    w = torch.randn(8, 3, 3, 3, requires_grad=True)
+    xd, wd = x.to("neuron").requires_grad_(), w.detach().to("neuron").requires_grad_()
+    real = F.conv2d(xd, wd, padding=1)
+    mode = FakeTensorMode()
+    with mode:
+        fake = F.conv2d(mode.from_tensor(xd), mode.from_tensor(wd), padding=1)
+    assert real.stride() == fake.stride()
+    want = F.conv2d(x.requires_grad_(), w, padding=1)
+    torch.testing.assert_close(real.cpu(), want)
+    grad = torch.randn_like(want)
+    want.backward(grad)
+    real.backward(grad.to("neuron"))
+    torch.testing.assert_close(xd.grad.cpu(), x.grad)
+    torch.testing.assert_close(wd.grad.cpu(), w.grad)
