@@ -18,25 +18,9 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs the network
 
-import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-WORDS = "the cat sat on mat dog ran to park bird flew over tree".split()
-
-
-def make_checkpoint(path: str) -> None:
-    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator([" ".join(WORDS)], trainers.WordLevelTrainer(
-        special_tokens=["[PAD]", "[UNK]", "[BOS]", "[EOS]"]))
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
-                            eos_token="[EOS]").save_pretrained(path)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         pad_token_id=0, bos_token_id=2, eos_token_id=3)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+import tiny_hf
 
 
 def generate(path: str, device_map: str | None, new_tokens: int, static: bool, compile: bool) -> tuple[str, float]:
@@ -64,7 +48,7 @@ def main() -> None:
 
     compile = not args.no_compile
     with tempfile.TemporaryDirectory() as path:
-        make_checkpoint(path)
+        tiny_hf.save_checkpoint(path)
         text, seconds = generate(path, "neuron", args.new_tokens, static=True, compile=compile)
         mode = "compiled" if compile else "eager"
         print(f"neuron ({mode}, static cache): {seconds:.2f} s incl. compile | {text!r}")

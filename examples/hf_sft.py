@@ -17,41 +17,20 @@ import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch
 from datasets import Dataset
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer
 
-WORDS = "the cat sat on mat dog ran to park bird flew over tree".split()
-
-
-def corpus(n: int) -> list[str]:
-    # A learnable toy language: every text walks the word cycle from another start.
-    return [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(24)) for i in range(n)]
-
-
-def tokenizer() -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(corpus(len(WORDS)), trainers.WordLevelTrainer(
-        special_tokens=["[PAD]", "[UNK]", "[BOS]", "[EOS]"]))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]",
-                                   bos_token="[BOS]", eos_token="[EOS]")
+import tiny_hf
 
 
 def train(steps: int, max_length: int, use_cpu: bool, out_dir: str) -> list[float]:
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_length,
-                         pad_token_id=0, bos_token_id=2, eos_token_id=3)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
+    model = tiny_hf.llama(max_length)
     n_texts = steps * 2 * max_length // 25 + 1  # ~25 tokens a text: enough for steps x batch 2 rows
     args = SFTConfig(output_dir=out_dir, max_steps=steps, per_device_train_batch_size=2, learning_rate=5e-3,
                      bf16=True, packing=True, packing_strategy="wrapped", max_length=max_length, logging_steps=1,
                      report_to=[], save_strategy="no", seed=0, use_cpu=use_cpu, disable_tqdm=True)
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"text": corpus(n_texts)}),
-                         processing_class=tokenizer())
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"text": tiny_hf.corpus(n_texts)}),
+                         processing_class=tiny_hf.tokenizer())
     print(f"device {trainer.args.device}, pad_to_multiple_of {trainer.args.pad_to_multiple_of}")
     trainer.train()
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]

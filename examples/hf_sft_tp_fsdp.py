@@ -30,33 +30,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 import torch.distributed as dist
 from datasets import Dataset
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from transformers.distributed import DistributedConfig
 from trl import SFTConfig, SFTTrainer
 
-WORDS = "the cat sat on mat dog ran to park bird flew over tree".split()
+import tiny_hf
 
 
-def corpus(n: int) -> list[str]:
-    # A learnable toy language: every text walks the word cycle from another start.
-    return [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(24)) for i in range(n)]
-
-
-def make_checkpoint(path: Path, max_length: int) -> None:
-    """A tiny random Llama and its tokenizer, saved as a Hub checkpoint would be."""
-    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(corpus(len(WORDS)), trainers.WordLevelTrainer(
-        special_tokens=["[PAD]", "[UNK]", "[BOS]", "[EOS]"]))
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
-                            eos_token="[EOS]").save_pretrained(path)
-    # Heads and KV heads divisible by the largest tp size used (8).
-    config = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=max_length,
-                         pad_token_id=0, bos_token_id=2, eos_token_id=3)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+def save_checkpoint(path: Path, max_length: int) -> None:
+    # Attention heads and KV heads divisible by the largest tp size used (8).
+    tiny_hf.save_checkpoint(path, max_length, hidden=128, heads=8, kv_heads=8)
 
 
 def probe_ids() -> torch.Tensor:
@@ -72,7 +55,7 @@ def train(args: argparse.Namespace, model: AutoModelForCausalLM, tokenizer: PreT
                        learning_rate=5e-3, bf16=args.precision == "bf16", packing=True, packing_strategy="wrapped",
                        max_length=args.max_length, logging_steps=1, report_to=[], save_strategy="no", seed=0,
                        disable_tqdm=True, use_cpu=use_cpu)
-    trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_dict({"text": corpus(n_texts)}),
+    trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_dict({"text": tiny_hf.corpus(n_texts)}),
                          processing_class=tokenizer)
     trainer.train()
     return trainer
@@ -99,7 +82,7 @@ def main() -> None:
 
     if args.cpu_reference:
         out = args.out or Path(tempfile.mkdtemp(prefix="hf_sft_cpu_"))
-        make_checkpoint(out / "base", args.max_length)
+        save_checkpoint(out / "base", args.max_length)
         model = AutoModelForCausalLM.from_pretrained(out / "base")
         tokenizer = PreTrainedTokenizerFast.from_pretrained(out / "base")
         print_losses(train(args, model, tokenizer, out, batch=args.batch * args.fsdp, use_cpu=True))
@@ -112,7 +95,7 @@ def main() -> None:
     dist.broadcast_object_list(shared, src=0)
     out = Path(shared[0])
     if rank == 0:
-        make_checkpoint(out / "base", args.max_length)
+        save_checkpoint(out / "base", args.max_length)
     dist.barrier()
 
     model = AutoModelForCausalLM.from_pretrained(
