@@ -5,6 +5,10 @@ import os
 
 from setuptools import setup
 
+# Importing torch would autoload an installed (possibly older, or broken)
+# torch_neuronx; the build needs torch alone.
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
 try:
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 except ImportError as exc:  # pragma: no cover - guidance for a wrong install
@@ -15,7 +19,7 @@ except ImportError as exc:  # pragma: no cover - guidance for a wrong install
     ) from exc
 
 here = os.path.dirname(os.path.abspath(__file__))
-sources = sorted(glob.glob(os.path.join("src", "torch_neuronx", "csrc", "*.cpp")))
+sources = sorted(glob.glob(os.path.join("src", "torch_neuronx", "csrc", "**", "*.cpp"), recursive=True))
 
 setup(
     ext_modules=[

@@ -19,37 +19,21 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 import torch_neuronx.compile  # noqa: F401  (registers the "neuron" backend)
+from torch_neuronx.testing.bench import interleaved
+from torch_neuronx.testing.models import DecoderBlock
 
 D_MODEL, HEADS, FFN, BATCH, SEQ = 256, 4, 1024, 8, 128
 
 
-class Block(torch.nn.Module):
-    """A pre-norm decoder block as in GPT/Llama: causal self-attention (SDPA) and a GELU MLP."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm1, self.norm2 = torch.nn.LayerNorm(D_MODEL), torch.nn.LayerNorm(D_MODEL)
-        self.qkv, self.proj = torch.nn.Linear(D_MODEL, 3 * D_MODEL), torch.nn.Linear(D_MODEL, D_MODEL)
-        self.up, self.down = torch.nn.Linear(D_MODEL, FFN), torch.nn.Linear(FFN, D_MODEL)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, HEADS, d // HEADS).permute(2, 0, 3, 1, 4)
-        attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(attn.transpose(1, 2).reshape(b, s, d))
-        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
-
-
 def make_block(device: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    return Block().to(device)
+    return DecoderBlock(D_MODEL, HEADS, FFN).to(device)
 
 
 def make_input(device: str) -> torch.Tensor:
@@ -78,21 +62,6 @@ def training_step(model: Callable[..., Any], params: list[torch.nn.Parameter], x
     return step
 
 
-def interleaved_timings(steps: dict[str, Callable[[], Any]], rounds: int, iters: int) -> dict[str, list[float]]:
-    """Seconds per call of each step, one sample per round, alternating the steps round by round."""
-    for step in steps.values():  # warm up (and compile)
-        step()
-        step()
-    samples: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            for _ in range(iters):
-                step()
-            samples[name].append((time.perf_counter() - start) / iters)
-    return samples
-
-
 def runtime_ratios(rounds: int, iters: int) -> dict[str, Any]:
     """Median (and best-round) times; ratios of medians, and of best rounds (steadier on a busy machine)."""
     results: dict[str, Any] = {}
@@ -105,7 +74,7 @@ def runtime_ratios(rounds: int, iters: int) -> dict[str, Any]:
             x = make_input(device)
             steps[label] = (inference_step(run, x) if kind == "inference"
                             else training_step(run, list(model.parameters()), x))
-        samples = interleaved_timings(steps, rounds, iters)
+        samples = interleaved(steps, rounds, iters)
         med = {k: statistics.median(v) for k, v in samples.items()}
         best = {k: min(v) for k, v in samples.items()}
         results[kind] = {
@@ -121,11 +90,17 @@ def runtime_ratios(rounds: int, iters: int) -> dict[str, Any]:
 _CHILD = r"""
 import json, sys, time, torch
 import torch_neuronx.compile
-sys.path.insert(0, sys.argv[1])
-from bench_compile import make_block, make_input, training_step
-model = make_block("neuron")
-x = make_input("neuron")
-step = training_step(torch.compile(model, backend="neuron"), list(model.parameters()), x)
+from torch_neuronx.testing.models import DecoderBlock
+torch.manual_seed(0)
+model = DecoderBlock(*json.loads(sys.argv[1])).to("neuron")
+torch.manual_seed(1)
+x = torch.randn(*json.loads(sys.argv[2]), device="neuron")
+compiled = torch.compile(model, backend="neuron")
+opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+def step():
+    opt.zero_grad()
+    compiled(x).square().mean().backward()
+    opt.step()
 start = time.perf_counter()
 step()
 print(json.dumps({"first_step_s": time.perf_counter() - start,
@@ -141,8 +116,9 @@ def cold_warm(repeats: int) -> dict[str, Any]:
             env = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": cache_dir,
                    "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache_dir, "default_inductor")}
             for sink in (cold, warm):
-                out = subprocess.run([sys.executable, "-c", _CHILD, os.path.dirname(os.path.abspath(__file__))],
-                                     env=env, capture_output=True, text=True, check=True)
+                out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps([D_MODEL, HEADS, FFN]),
+                                      json.dumps([BATCH, SEQ, D_MODEL])], env=env, capture_output=True, text=True,
+                                     check=True)
                 sink.append(json.loads(out.stdout.strip().splitlines()[-1]))
     cold_s = statistics.median(r["first_step_s"] for r in cold)
     warm_s = statistics.median(r["first_step_s"] for r in warm)

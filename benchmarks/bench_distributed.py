@@ -21,9 +21,7 @@ import copy
 import json
 import os
 import socket
-import statistics
 import sys
-import time
 import warnings
 from collections.abc import Callable
 
@@ -31,62 +29,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from torch import nn
+
+from torch_neuronx.testing.bench import side_by_side
+from torch_neuronx.testing.models import TinyLM
 
 WORLD = 2
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-        return x + self.down(F.gelu(self.up(self.norm2(x))))
-
-
-class SmallLM(nn.Module):
-    def __init__(self, vocab: int = 512, dim: int = 128, heads: int = 4, layers: int = 4) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.layers = nn.ModuleList(Block(dim, heads) for _ in range(layers))
-        self.head = nn.Linear(dim, vocab)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.embed(ids)
-        for layer in self.layers:
-            h = layer(h)
-        return self.head(h)
-
-
-def timed(fn: Callable[[], object], inner: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return (time.perf_counter() - t0) / inner
-
-
-def side_by_side(cpu: Callable[[], object], dev: Callable[[], object], inner: int, reps: int) -> tuple[float, float]:
-    """Median seconds per call of each; both ranks run the same sequence of collectives."""
-    for f in (cpu, dev):
-        timed(f, max(1, inner // 2))
-    c, d = [], []
-    for rep in range(reps):
-        # alternate which side goes first: no side always follows the other's cache or socket state
-        if rep % 2:
-            d.append(timed(dev, inner))
-            c.append(timed(cpu, inner))
-        else:
-            c.append(timed(cpu, inner))
-            d.append(timed(dev, inner))
-    return statistics.median(c), statistics.median(d)
 
 
 def training_cases(rank: int, gloo: dist.ProcessGroup, quick: bool) -> dict[str, dict[str, float]]:
@@ -95,7 +42,7 @@ def training_cases(rank: int, gloo: dist.ProcessGroup, quick: bool) -> dict[str,
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
-    base = SmallLM()
+    base = TinyLM()
     neuron = torch.device("neuron", torch.neuron.current_device())
     meshes = {"neuron": init_device_mesh("neuron", (WORLD,)), "cpu": DeviceMesh.from_group(gloo, "cpu")}
     g = torch.Generator().manual_seed(rank)

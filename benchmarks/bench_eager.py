@@ -11,50 +11,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
 import torch_neuronx  # noqa: F401
-
-
-def timed(fn: Callable[[], object], inner: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return (time.perf_counter() - t0) / inner
-
-
-def compare(cpu: Callable[[], object], dev: Callable[[], object], inner: int, reps: int) -> tuple[float, float]:
-    for f in (cpu, dev):  # warm up
-        timed(f, max(1, inner // 4))
-    c, d = [], []
-    for _ in range(reps):
-        c.append(timed(cpu, inner))
-        d.append(timed(dev, inner))
-    return statistics.median(c), statistics.median(d)
-
-
-class Block(torch.nn.Module):
-    """A small pre-norm transformer layer."""
-
-    def __init__(self, dim: int = 256, heads: int = 4) -> None:
-        super().__init__()
-        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
-        self.attn = torch.nn.MultiheadAttention(dim, heads, batch_first=True)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.norm1(x)
-        x = x + self.attn(h, h, h, need_weights=False)[0]
-        return x + self.mlp(self.norm2(x))
+from torch_neuronx.testing.bench import side_by_side as compare
+from torch_neuronx.testing.models import DecoderBlock
 
 
 def training_step(device: str, dim: int) -> Callable[[], object]:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(Block(dim), Block(dim), torch.nn.Linear(dim, 512)).to(device)
+    model = torch.nn.Sequential(DecoderBlock(dim), DecoderBlock(dim), torch.nn.Linear(dim, 512)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randn(8, 128, dim, device=device)
     y = torch.randint(0, 512, (8, 128), device=device)

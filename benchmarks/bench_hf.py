@@ -27,18 +27,15 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, PrinterCallback, TrainerCallback
+from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback
 
 import torch_neuronx  # noqa: F401
+from torch_neuronx.testing import hf as tiny_hf
 
 
 def llama(hidden: int, layers: int, vocab: int, positions: int) -> Any:
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2,
-                         num_hidden_layers=layers, num_attention_heads=max(hidden // 32, 1),
-                         num_key_value_heads=max(hidden // 64, 1), max_position_embeddings=positions,
-                         pad_token_id=0, bos_token_id=2, eos_token_id=3)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config).eval()
+    return tiny_hf.llama(positions, hidden=hidden, layers=layers, vocab=vocab, heads=max(hidden // 32, 1),
+                         kv_heads=max(hidden // 64, 1)).eval()
 
 
 def bench_generate(args: argparse.Namespace) -> dict[str, Any]:

@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs the network
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import tiny_hf
+from torch_neuronx.testing import hf as tiny_hf
 
 
 def generate(path: str, device_map: str | None, new_tokens: int, static: bool, compile: bool) -> tuple[str, float]:

@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
-import tiny_hf
+from torch_neuronx.testing import hf as tiny_hf
 
 
 def train(steps: int, max_length: int, use_cpu: bool, out_dir: str) -> list[float]:

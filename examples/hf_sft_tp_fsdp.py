@@ -34,7 +34,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from transformers.distributed import DistributedConfig
 from trl import SFTConfig, SFTTrainer
 
-import tiny_hf
+from torch_neuronx.testing import hf as tiny_hf
 
 
 def save_checkpoint(path: Path, max_length: int) -> None:

@@ -19,12 +19,9 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "conformance"))
+from torch_neuronx.testing import conformance as h
 
-import opinfo_harness as h  # noqa: E402
-
-DEFAULT_EXPECTED = ROOT / "tests" / "conformance" / "expected_failures.json"
+DEFAULT_EXPECTED = h.EXPECTED_FAILURES
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

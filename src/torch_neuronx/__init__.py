@@ -28,7 +28,7 @@ from torch_neuronx import _C, runtime  # noqa: E402  (_C: the C++ core, register
 def _register() -> None:
     if torch._C._get_privateuse1_backend_name() != "neuron":
         torch.utils.rename_privateuse1_backend("neuron")
-    from torch_neuronx import device
+    from torch_neuronx import device, patches
 
     torch._register_device_module("neuron", device)
     torch.utils.generate_methods_for_privateuse1_backend(
@@ -37,36 +37,15 @@ def _register() -> None:
     # Trainium computes in bf16; CUDA's float16 default would be the wrong
     # choice for torch.autocast("neuron") without a dtype.
     torch.set_autocast_dtype("neuron", torch.bfloat16)
-    _patch_tensor_printing()
-    _C._set_init_callback(runtime._initialize)
+    patches.apply()
     _C._route_structured_ops()
-    from torch_neuronx import compile as _compile  # noqa: F401  (arranges backend "neuron", lazily)
-    from torch_neuronx import distributed
+    from torch_neuronx import compile, distributed
+    from torch_neuronx.tools import log, op_tracker
 
+    compile._register()
     distributed._register()
-    from torch_neuronx.tools import logging as _logging
-    from torch_neuronx.tools import op_tracker
-
-    _logging.configure_from_env()
+    log.configure_from_env()
     op_tracker.apply_env()
-
-
-def _patch_tensor_printing() -> None:
-    # PyTorch's printer widens values to float64 to choose a format, except on
-    # devices it knows lack FP64 (MPS, MAIA, some XPUs); it has no registration
-    # hook for that list. Neuron lacks FP64 too: widen neuron tensors to
-    # float32 instead, as PyTorch does for MPS.
-    import torch._tensor_str as tensor_str
-
-    widen = tensor_str.tensor_totype
-    if getattr(widen, "_neuron_aware", False):
-        return
-
-    def tensor_totype(t: torch.Tensor) -> torch.Tensor:
-        return t.to(dtype=torch.float) if t.device.type == "neuron" else widen(t)
-
-    tensor_totype._neuron_aware = True  # type: ignore[attr-defined]
-    tensor_str.tensor_totype = tensor_totype
 
 
 if not hasattr(torch, "neuron"):

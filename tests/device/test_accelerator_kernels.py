@@ -45,6 +45,18 @@ def test_histc_integer_edge_cases() -> None:
         torch.histc(ids, bins=3, out=torch.empty(0, device="neuron"))
 
 
+@pytest.mark.parametrize(("values", "bins"), [
+    ([0, 2**59, 2**60], 16),           # (v - min) * bins overflowed int64: wrong counts, writes before the buffer
+    ([0, 2**43, 2**44], 2**20),        # ... or a bin index far outside it: a segfault
+    ([-(2**62), 0, 2**62 - 1], 7),
+    ([-(2**63), 2**63 - 1, 0, 5], 3),  # the whole int64 range
+])
+def test_histc_int64_wide_ranges_stay_exact(values: list[int], bins: int) -> None:
+    x = torch.tensor(values, dtype=torch.int64, device="neuron")
+    got = torch.histc(x, bins=bins)
+    assert got.cpu().tolist() == _histc_reference(values, bins, min(values), max(values))
+
+
 def test_histc_floats_match_cpu() -> None:
     x = torch.randn(1000)
     for args in [(10, 0.0, 0.0), (7, -1.0, 1.0)]:

@@ -111,3 +111,36 @@ def test_command_line_info() -> None:
 
     data = json.loads(r.stdout)
     assert (data["instance_type"], data["visible_cores"], data["hbm_per_core_bytes"]) == ("trn1.2xlarge", 2, 16 << 30)
+
+
+LAZY = r"""
+import torch
+torch.manual_seed(0)
+assert not torch.neuron.is_initialized(), "seeding initialised the device"
+assert torch.neuron.device_count() == 64 and torch.neuron.get_device_properties(3).name == "trn2"
+assert torch.neuron.is_available() and not torch.neuron._initialized
+torch.neuron.manual_seed(7)  # queued too: the latest seeding call for the current core wins there
+assert not torch.neuron.is_initialized()
+x = torch.randn(4, device="neuron")
+assert torch.neuron.is_initialized() and torch.neuron._initialized
+assert torch.neuron.initial_seed() == 7 and torch.neuron.default_generators[5].initial_seed() == 0
+torch.manual_seed(7)
+assert torch.equal(x.cpu(), torch.randn(4)), "the first draw on neuron is the CPU's draw after the same seed"
+print("ok")
+"""
+
+
+def test_seeding_is_queued_until_the_device_is_used() -> None:
+    """torch.cuda's contract: torch.manual_seed does not initialise the device; the seed applies at first use."""
+    r = run(LAZY)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_a_failing_queued_call_reports_where_it_was_made() -> None:
+    code = ("import torch\nfrom torch_neuronx.device import _lazy_call\n"
+            "def broken():\n    raise ValueError('queued and broken')\n"
+            "_lazy_call(broken)\n"
+            "try:\n    torch.zeros(1, device='neuron')\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+    r = run(code)
+    assert r.returncode == 0, r.stderr
+    assert "queued and broken" in r.stdout and "It was made at" in r.stdout

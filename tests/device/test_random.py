@@ -85,3 +85,61 @@ def test_bad_state_is_refused() -> None:
 def test_cpu_generator_with_device_tensor_is_refused() -> None:
     with pytest.raises(RuntimeError, match="Expected a 'neuron' device type for generator"):
         torch.randn(3, device="neuron", generator=torch.Generator())
+
+
+def test_a_state_replays_however_many_were_taken_since() -> None:
+    torch.neuron.manual_seed(11)
+    torch.rand(5, device="neuron")  # off the seed's own point (offset 0 is reached by reseeding too)
+    first = torch.neuron.get_rng_state()
+    expected = torch.randn(8, device="neuron").cpu()
+    for _ in range(100):  # more states than any cache would hold
+        torch.neuron.get_rng_state()
+        torch.rand(3, device="neuron")
+    torch.neuron.set_rng_state(first)
+    assert torch.equal(torch.randn(8, device="neuron").cpu(), expected)
+    for _ in range(3):  # and again: restoring does not consume the state
+        torch.neuron.set_rng_state(first)
+        assert torch.equal(torch.randn(8, device="neuron").cpu(), expected)
+
+
+def test_copied_or_edited_states_reseed_deterministically() -> None:
+    torch.neuron.manual_seed(5)
+    torch.rand(10, device="neuron")
+    state = torch.neuron.get_rng_state()
+    copy = state.clone()
+    torch.neuron.set_rng_state(copy)
+    a = torch.rand(4, device="neuron").cpu()
+    torch.neuron.set_rng_state(state.clone())
+    b = torch.rand(4, device="neuron").cpu()
+    assert torch.equal(a, b)  # a copy names (seed, offset): the same numbers each time
+    edited = torch.neuron.get_rng_state()
+    edited.view(torch.int64)[1] += 4  # an in-place shift (DTensor moves offsets): no longer the snapshot's point
+    torch.neuron.set_rng_state(edited)
+    c = torch.rand(4, device="neuron").cpu()
+    torch.neuron.set_rng_state(edited)
+    assert torch.equal(torch.rand(4, device="neuron").cpu(), c)
+
+
+@pytest.mark.parametrize("device", ["cpu", "neuron"])
+def test_checkpointing_forty_dropout_layers_matches_plain_backward(device: str) -> None:
+    """Activation checkpointing restores the RNG state of every layer: with more layers than states any
+    cache holds, recomputed dropout masks must still be the forward's (gradients equal to no checkpointing)."""
+    layers = 40
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(layers)).to(device)
+    x = torch.randn(4, 16, device=device)
+
+    def run(checkpointed: bool) -> list[torch.Tensor]:
+        blocks.zero_grad()
+        torch.manual_seed(123)
+        h = x
+        for block in blocks:
+            def step(t: torch.Tensor, block: torch.nn.Module = block) -> torch.Tensor:
+                return torch.nn.functional.dropout(torch.tanh(block(t)), 0.3, training=True)
+            h = torch.utils.checkpoint.checkpoint(step, h, use_reentrant=False) if checkpointed else step(h)
+        h.sum().backward()
+        return [b.weight.grad.cpu().clone() for b in blocks]
+
+    plain, ckpt = run(False), run(True)
+    wrong = [i for i, (a, b) in enumerate(zip(plain, ckpt, strict=True)) if not torch.equal(a, b)]
+    assert wrong == []

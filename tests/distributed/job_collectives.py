@@ -12,10 +12,10 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-from _harness import Checks
 from torch.testing import assert_close
 
 import torch_neuronx.distributed as nd
+from torch_neuronx.testing.jobs import Checks
 
 checks = Checks()
 RANK = int(os.environ.get("RANK", "0"))

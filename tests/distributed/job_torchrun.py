@@ -11,12 +11,12 @@ import os
 
 import torch
 import torch.distributed as dist
-from _harness import Checks
 from _models import make_model, tp_plan
 from _training import assert_same_training, full_params, reference_fp32, train
 from torch.testing import assert_close
 
 import torch_neuronx.distributed as nd
+from torch_neuronx.testing.jobs import Checks
 
 checks = Checks()
 RANK = int(os.environ.get("RANK", "0"))

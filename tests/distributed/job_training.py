@@ -7,7 +7,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from _harness import Checks
 from _models import batch, loss_fn, make_model, tp_plan
 from _training import (
     assert_same_training,
@@ -22,6 +21,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.testing import assert_close
 
 import torch_neuronx.distributed as nd
+from torch_neuronx.testing.jobs import Checks
 
 checks = Checks()
 RANK = int(os.environ.get("RANK", "0"))

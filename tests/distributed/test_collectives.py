@@ -9,14 +9,15 @@ from pathlib import Path
 
 import job_collectives
 import pytest
-from _harness import Outcomes, assert_passed, run_job
+
+from torch_neuronx.testing.jobs import Outcomes, assert_passed, run_job
 
 WORLD = 2
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Outcomes:
-    return run_job("job_collectives.py", WORLD, Path(tmp_path_factory.mktemp("collectives")))
+    return run_job(Path(__file__).parent / "job_collectives.py", WORLD, Path(tmp_path_factory.mktemp("collectives")))
 
 
 @pytest.mark.parametrize("name", job_collectives.checks.names)

@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from _harness import HERE, Proc, free_port, rank_env, run_procs
+
+from torch_neuronx.testing.workers import Proc, free_port, rank_env, run_processes
+
+HERE = Path(__file__).resolve().parent
 
 TIMEOUT = 6  # seconds, passed to init_process_group(timeout=...)
 MODES = ("die", "hang", "mismatch_larger", "mismatch_smaller", "mismatch_smaller_detail")
@@ -27,7 +30,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Proc]]:
         if mode.endswith("_detail"):
             env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         cmds += [(argv, {**rank_env(r, 2, port), **env}) for r in range(2)]
-    procs = run_procs(cmds, Path(tmp_path_factory.mktemp("failures")), timeout=90)
+    procs = run_processes(cmds, Path(tmp_path_factory.mktemp("failures")), timeout=90)
     return {mode: procs[2 * i : 2 * i + 2] for i, mode in enumerate(MODES)}
 
 

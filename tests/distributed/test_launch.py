@@ -12,9 +12,12 @@ import job_torchrun
 import pytest
 import torch
 import torch.distributed as dist
-from _harness import BASE_ENV, HERE, Outcomes, assert_passed, collect, free_port, run_procs, torchrun_argv
 
 import torch_neuronx.distributed as nd
+from torch_neuronx.testing.jobs import Outcomes, assert_passed, collect
+from torch_neuronx.testing.workers import BASE_ENV, free_port, run_processes, torchrun_argv
+
+HERE = Path(__file__).resolve().parent
 
 SCRIPT = str(HERE / "job_torchrun.py")
 
@@ -30,7 +33,7 @@ def one_node(tmp_path_factory: pytest.TempPathFactory) -> Outcomes:
     out = work / "out"
     out.mkdir()
     argv = torchrun_argv("--standalone", "--nproc-per-node", "4", SCRIPT, "--out", str(out))
-    return collect(run_procs([(argv, {})], work, timeout=180), out, 4)
+    return collect(run_processes([(argv, {})], work, timeout=180), out, 4)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +45,7 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Outcomes:
     argv = torchrun_argv("--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                          "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "two-nodes",
                          SCRIPT, "--out", str(out))
-    return collect(run_procs([(argv, {}), (argv, {})], work, timeout=180), out, 2)
+    return collect(run_processes([(argv, {}), (argv, {})], work, timeout=180), out, 2)
 
 
 @pytest.mark.parametrize("name", names_for(4))

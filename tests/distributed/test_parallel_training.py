@@ -12,7 +12,11 @@ from pathlib import Path
 
 import job_training
 import pytest
-from _harness import BASE_ENV, HERE, Outcomes, assert_passed, run_job
+
+from torch_neuronx.testing.jobs import Outcomes, assert_passed, run_job
+from torch_neuronx.testing.workers import BASE_ENV
+
+HERE = Path(__file__).resolve().parent
 
 WORLD = 2
 
@@ -20,7 +24,7 @@ WORLD = 2
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Outcomes, Path]:
     work = Path(tmp_path_factory.mktemp("training"))
-    return run_job("job_training.py", WORLD, work), work / "out"
+    return run_job(HERE / "job_training.py", WORLD, work), work / "out"
 
 
 @pytest.mark.parametrize("name", job_training.checks.names)

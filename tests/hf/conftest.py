@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,12 +11,10 @@ from typing import Any
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
-# The multi-process launcher of the distributed tests (torchrun, deadlines, logs) serves the HF jobs too.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-
-import hf_tiny  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+from torch_neuronx.testing import hf as hf_tiny  # noqa: E402
 
 # The models are tiny; extra threads only contend with the other jobs on the runner.
 torch.set_num_threads(1)

@@ -19,13 +19,13 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import diffusers  # noqa: E402
-import hf_tiny  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from diffusers import FluxTransformer2DModel, TensorParallelConfig  # noqa: E402
+
+from torch_neuronx.testing import hf as hf_tiny  # noqa: E402
 
 
 def transformer_inputs() -> dict[str, torch.Tensor]:

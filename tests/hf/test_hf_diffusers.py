@@ -9,10 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import hf_tiny
 import pytest
 import torch
-from _harness import run_procs, torchrun_argv
+
+from torch_neuronx.testing import hf as hf_tiny
+from torch_neuronx.testing.workers import run_processes, torchrun_argv
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -143,7 +144,7 @@ def test_flux_pipeline_matches_cpu() -> None:
 def test_flux_tensor_parallel_on_two_cores_matches_cpu(tmp_path: Path) -> None:
     """Diffusers' Neuron tensor-parallel backend and its sharded from_pretrained, under torchrun (job_flux_tp.py)."""
     job = Path(__file__).resolve().parent / "job_flux_tp.py"
-    (proc,) = run_procs([(torchrun_argv("--standalone", "--nproc-per-node", "2", str(job), str(tmp_path)), {})],
+    (proc,) = run_processes([(torchrun_argv("--standalone", "--nproc-per-node", "2", str(job), str(tmp_path)), {})],
                         tmp_path, timeout=300)
     assert proc.rc == 0, proc.log()
     for rank in range(2):

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from _harness import BASE_ENV, REPO, run_procs, torchrun_argv
+
+from torch_neuronx.testing.workers import BASE_ENV, run_processes, torchrun_argv
+
+REPO = Path(__file__).resolve().parents[2]
 
 EXAMPLE = REPO / "examples" / "hf_sft_tp_fsdp.py"
 ARGS = ("--steps", "4", "--precision", "fp32")
@@ -30,7 +33,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, Path]:
     work = tmp_path_factory.mktemp("sft_tp_fsdp")
     argv = torchrun_argv("--standalone", "--nproc-per-node", "4", str(EXAMPLE), *ARGS, "--out", str(work / "dist"))
     cpu_argv = [sys.executable, str(EXAMPLE), *ARGS, "--cpu-reference", "--out", str(work / "cpu")]
-    dist_run, cpu_run = run_procs([(argv, {}), (cpu_argv, {})], work, timeout=420)
+    dist_run, cpu_run = run_processes([(argv, {}), (cpu_argv, {})], work, timeout=420, cwd=REPO)
     assert dist_run.rc == 0, dist_run.log()
     assert cpu_run.rc == 0, cpu_run.log()
     return dist_run.out, cpu_run.out, work / "dist"

@@ -5,8 +5,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
-from _harness import BASE_ENV, REPO
+from torch_neuronx.testing.workers import BASE_ENV
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(*argv: str) -> str:

@@ -138,7 +138,7 @@ def test_static_cache_100_token_decode_does_not_recompile(tiny_llama_dir: Path) 
 @pytest.fixture(scope="module")
 def deep_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """More tensors than loader threads, several shards: concurrent allocations and copies do happen."""
-    import hf_tiny
+    from torch_neuronx.testing import hf as hf_tiny
 
     config = hf_tiny.llama_config()
     config.num_hidden_layers = 8

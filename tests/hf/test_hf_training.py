@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import hf_tiny
 import pytest
 import torch
 from datasets import Dataset
 from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+from torch_neuronx.testing import hf as hf_tiny
 
 NEURON0 = torch.device("neuron:0")
 pytestmark = pytest.mark.usefixtures("clean_accelerate")

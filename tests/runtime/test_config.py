@@ -64,7 +64,12 @@ def test_visible_cores() -> None:
         ({"NEURON_RT_VISIBLE_CORES": "3-1"}, "empty"),
         ({"NEURON_RT_VISIBLE_CORES": "a"}, "core ids or ranges"),
         ({"NEURON_RT_VISIBLE_CORES": "1,1"}, "twice"),
-        ({"TORCH_NEURONX_HBM_PER_CORE": "lots"}, "as a size"),
+        ({"TORCH_NEURONX_HBM_PER_CORE": "lots"}, "TORCH_NEURONX_HBM_PER_CORE.*as a size"),
+        ({"TORCH_NEURONX_HBM_PER_CORE": "99999999T"}, "TORCH_NEURONX_HBM_PER_CORE.*between 1 byte"),
+        ({"TORCH_NEURONX_HBM_PER_CORE": "0"}, "TORCH_NEURONX_HBM_PER_CORE.*between 1 byte"),
+        ({"TORCH_NEURONX_HBM_PER_CORE": "0.1"}, "TORCH_NEURONX_HBM_PER_CORE.*between 1 byte"),
+        ({"NEURON_RT_VISIBLE_CORES": "0-99999999999"}, "names core 64.*only 64 logical"),
+        ({"NEURON_RT_VISIBLE_CORES": "99999999999999999999"}, "only 64 logical"),
     ],
 )
 def test_bad_environment_is_explained(env: dict[str, str], match: str) -> None:
@@ -80,13 +85,83 @@ def test_parse_bytes() -> None:
 
 
 def test_torchrun_local_rank_binding(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torch_neuronx.runtime import _torchrun_local_rank
+    from torch_neuronx.runtime import torchrun_local_rank
 
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     monkeypatch.setenv("LOCAL_RANK", "3")
-    assert _torchrun_local_rank(64) is None  # not launched by torchrun: leave the device alone
+    assert torchrun_local_rank(64) is None  # not launched by torchrun: leave the device alone
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
-    assert _torchrun_local_rank(64) == 3
+    assert torchrun_local_rank(64) == 3
     with pytest.raises(NeuronConfigError, match="local rank 3.*only 2 NeuronCores"):
-        _torchrun_local_rank(2)
-    assert _torchrun_local_rank(1) == 0  # each worker was given its own core
+        torchrun_local_rank(2)
+    assert torchrun_local_rank(1) == 0  # each worker was given its own core
+
+
+def test_local_rank_that_is_not_a_number_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch_neuronx.runtime import torchrun_local_rank
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    for bad in ("x", "-1", "1.5", ""):
+        monkeypatch.setenv("LOCAL_RANK", bad)
+        with pytest.raises(NeuronConfigError, match="LOCAL_RANK=.*non-negative integer"):
+            torchrun_local_rank(64)
+
+
+def _import_torch_with(env: dict[str, str], code: str = "import torch; print(torch.neuron.device_count())"):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_bad_log_level_warns_and_import_torch_still_works() -> None:
+    proc = _import_torch_with({"TORCH_NEURONX_LOG_LEVEL": "LOUD"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "64"
+    assert "TORCH_NEURONX_LOG_LEVEL='LOUD' is not a level, ignored" in proc.stderr
+
+
+def test_bad_recompile_threshold_warns_and_keeps_the_default() -> None:
+    code = "import torch_neuronx.compile.metrics as m; print(m.recompile_warning_threshold)"
+    proc = _import_torch_with({"TORCH_NEURONX_RECOMPILE_WARN_THRESHOLD": "abc"}, code)
+    assert proc.returncode == 0 and proc.stdout.strip() == "4", proc.stderr[-2000:]
+    assert "TORCH_NEURONX_RECOMPILE_WARN_THRESHOLD='abc'" in proc.stderr
+    proc = _import_torch_with({"TORCH_NEURONX_RECOMPILE_WARN_THRESHOLD": "9"}, code)
+    assert proc.stdout.strip() == "9"
+
+
+def test_bad_machine_environment_fails_at_first_use_with_the_variable_named() -> None:
+    """`import torch` survives a bad value; using the device raises the explanation, not a pybind TypeError."""
+    code = ("import torch\ntry:\n    torch.zeros(1, device='neuron')\n"
+            "except Exception as e:\n    print(type(e).__name__, e)")
+    proc = _import_torch_with({"TORCH_NEURONX_HBM_PER_CORE": "99999999T"}, code)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "TORCH_NEURONX_HBM_PER_CORE" in proc.stdout and "TypeError" not in proc.stdout
+
+
+def test_hbm_override_nests_and_refuses_nonsense() -> None:
+    import torch
+
+    before = torch.neuron.mem_get_info(0)[1]
+    with torch.neuron.memory.override_hbm_capacity(8 << 20, device=0):
+        assert torch.neuron.mem_get_info(0)[1] == 8 << 20
+        with torch.neuron.memory.override_hbm_capacity(4 << 20, device=0):
+            assert torch.neuron.mem_get_info(0)[1] == 4 << 20
+        assert torch.neuron.mem_get_info(0)[1] == 8 << 20  # restored to the outer override, not the default
+    assert torch.neuron.mem_get_info(0)[1] == before
+    for bad in (0, -5, 1.5, True):
+        with pytest.raises(ValueError, match="positive number of bytes"):
+            with torch.neuron.memory.override_hbm_capacity(bad):  # type: ignore[arg-type]
+                pass
+
+
+def test_free_memory_is_never_negative_below_what_is_in_use() -> None:
+    import torch
+
+    keep = torch.empty(1 << 20, device="neuron:0")  # 4 MiB
+    with torch.neuron.memory.override_hbm_capacity(1 << 20, device=0):
+        free, total = torch.neuron.mem_get_info(0)
+        assert (free, total) == (0, 1 << 20)
+    del keep

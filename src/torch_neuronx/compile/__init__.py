@@ -19,11 +19,76 @@ from typing import Any
 BACKEND_NAME = "neuron"
 
 
-def _register() -> None:
-    """Called by ``import torch_neuronx``: arranges lazy registration (costs microseconds)."""
-    from torch_neuronx.compile import registration
+# How torch finds the pieces, none of which may import Dynamo or Inductor
+# (seconds) at ``import torch_neuronx``:
+# * the Dynamo backend "neuron" is the ``torch_dynamo_backends`` entry point
+#   (pyproject.toml), which Dynamo loads when a compile names it;
+# * Inductor finds a PrivateUse1 device's code generator through attributes of
+#   its device module (torch.utils.backend_registration._get_custom_mod_func):
+#   the shims below import compile.inductor, which registers the device with
+#   Inductor and Dynamo, the first time Inductor asks. The neuron backend
+#   calls the same registration, so both ways in meet there.
 
-    registration.register()
+
+def _inductor() -> Any:
+    from torch_neuronx.compile import inductor
+
+    inductor.register()
+    return inductor
+
+
+def _scheduling(scheduler: Any) -> Any:
+    return _inductor().NeuronCppScheduling(scheduler)
+
+
+class _Deferred(type):
+    """Forwards reads of class attributes to the real wrapper class, registering it first."""
+
+    def __getattr__(cls, name: str) -> Any:
+        return getattr(_inductor().NeuronWrapperCodegen, name)
+
+
+class _WrapperCodegen(metaclass=_Deferred):
+    """Stands in for NeuronWrapperCodegen until Inductor first reads from it."""
+
+
+class _UnsupportedWrapperCodegen:
+    """Inductor's cpp_wrapper and fx_wrapper modes, which the device does not support."""
+
+    @staticmethod
+    def create(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            "torch_neuronx: Inductor's cpp_wrapper and fx_wrapper modes are not supported on the neuron "
+            "device; leave torch._inductor.config.cpp_wrapper and fx_wrapper off"
+        )
+
+
+def get_dynamo_metrics() -> dict[str, Any]:
+    """Compilation metrics of the ``neuron`` torch.compile backend (also ``torch.neuron.get_dynamo_metrics``)."""
+    from torch_neuronx.compile import metrics
+
+    return metrics.snapshot()
+
+
+def reset_dynamo_metrics() -> None:
+    """Reset what :func:`get_dynamo_metrics` reports."""
+    from torch_neuronx.compile import metrics
+
+    metrics.reset()
+
+
+def _register() -> None:
+    """Called by ``import torch_neuronx``: point Inductor at the device's code generator, and give
+    ``torch.neuron`` TorchNeuron's compile-metrics functions (costs microseconds)."""
+    import torch
+
+    device_module = torch.neuron  # type: ignore[attr-defined]
+    device_module.get_dynamo_metrics = get_dynamo_metrics
+    device_module.reset_dynamo_metrics = reset_dynamo_metrics
+    device_module.Scheduling = _scheduling
+    device_module.PythonWrapperCodegen = _WrapperCodegen
+    device_module.CppWrapperCodegen = _UnsupportedWrapperCodegen
+    device_module.WrapperFxCodegen = _UnsupportedWrapperCodegen
 
 
 def compile(model: Callable[..., Any] | None = None, *, mode: str | None = "default", fullgraph: bool = False,
@@ -59,6 +124,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["BACKEND_NAME", "compile", "metrics"]
-
-_register()
+__all__ = ["BACKEND_NAME", "compile", "get_dynamo_metrics", "metrics", "reset_dynamo_metrics"]

@@ -23,8 +23,13 @@ from typing import Any
 
 import torch
 
-from torch_neuronx.compile import cache, metrics
+from torch_neuronx.compile import cache, device_interface, metrics
 from torch_neuronx.compile.metrics import InputDesc
+
+# Dynamo loads this module through the torch_dynamo_backends entry point when
+# a compile names backend "neuron", before it traces: the device interface
+# (streams, events, devices as Dynamo sees them) is registered by then.
+device_interface.register()
 
 BACKEND_NAME = "neuron"
 _warned_modes: set[str] = set()
@@ -87,22 +92,23 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], function:
 
     start = time.perf_counter()
     names = names if names is not None else input_names(gm)  # before Inductor takes over the graph
-    key = cache.graph_key(gm, example_inputs, repr(sorted(options.items())))
-    compiled = cache.memory_get(key)
-    if compiled is not None:
-        outcome = "memory"
-        metrics.record_cache("memory", hit=True)
-    else:
-        if cache.enabled() and key is not None:
-            metrics.record_cache("memory", hit=False)
-        with cache.disk_scope() as disk:
-            compiled = compile_fx(gm, example_inputs, config_patches={**inductor.BACKEND_CONFIG, **options})
-        if disk.removed_corrupt:
-            metrics.record_corrupt(disk.removed_corrupt)
-        if disk.result != "off":
-            metrics.record_cache("disk", hit=disk.result == "hit")
-        outcome = {"hit": "disk"}.get(disk.result, disk.result)
-        cache.memory_put(key, compiled)
+    with cache.compile_lock:  # one compile at a time: it swaps process-wide settings (cache.py)
+        key = cache.graph_key(gm, example_inputs, repr(sorted(options.items())))
+        compiled = cache.memory_get(key)
+        if compiled is not None:
+            outcome = "memory"
+            metrics.record_cache("memory", hit=True)
+        else:
+            if cache.enabled() and key is not None:
+                metrics.record_cache("memory", hit=False)
+            compiled, disk = cache.compile_with_disk_cache(
+                lambda: compile_fx(gm, example_inputs, config_patches={**inductor.BACKEND_CONFIG, **options}))
+            if disk.removed_corrupt:
+                metrics.record_corrupt(disk.removed_corrupt)
+            if disk.result != "off":
+                metrics.record_cache("disk", hit=disk.result == "hit")
+            outcome = {"hit": "disk"}.get(disk.result, disk.result)
+            cache.memory_put(key, compiled)
     metrics.record_graph(function, _describe(names, example_inputs), time.perf_counter() - start, outcome,
                          compile_id)
     return compiled

@@ -1,16 +1,33 @@
-"""The compile cache of neuron graphs: in memory, and on disk shared by processes.
+"""The compile cache of neuron graphs: in memory, and on disk shared by one user's processes.
 
 On disk we reuse Inductor's own caches (AOTAutograd cache, FX graph cache,
 compiled kernels), pointed at ``$TORCH_NEURONX_NEFF_CACHE_DIR/inductor`` while
 a neuron graph compiles. Inductor writes its entries atomically (temp file +
 rename) and compiles kernel libraries under a per-key file lock, so
-concurrent processes share the directory safely; what it lacks is a check
-that a file is still what was written: a truncated or garbled kernel library
-can crash the process that loads it. We add that: after each compile every
-new file gets a SHA-256 seal in ``checksums/`` (written atomically too), and
-the first neuron compile of a process deletes every file whose seal does not
-match, and any unsealed kernel library cut short (a compiler killed while
-writing it), so Inductor sees a miss and recompiles it.
+concurrent processes share the directory safely.
+
+What the cache holds is code: Inductor unpickles graph entries, runs cached
+Python wrappers and loads shared libraries. The trust model (docs/compile.md):
+
+* The cache belongs to one user. Its root is created 0700; a root that is a
+  symlink, is not owned by the user, or is group- or world-writable is
+  refused with a warning, and the user's private default directory (or, if
+  that is the refused one, a private temporary directory) is used instead.
+  Sharing a cache between users is not supported.
+* Inside it, an entry that is not a regular file owned by the user, or that
+  is group- or world-writable, is removed before anything is read (files are
+  checked with ``lstat``: symlinks are never followed).
+* A SHA-256 seal (under ``checksums/``) is written only for files that this
+  process saw appear during its own compile and found complete (a kernel
+  library must hold all the ELF sections it declares; no compiler still holds
+  its lock). Before every neuron compile, every file whose seal does not
+  match is removed, and so is an unsealed file older than
+  :data:`UNSEALED_GRACE_S` (a process died before sealing it): Inductor sees
+  a miss and recompiles. Seals are integrity checks; the ownership rules above
+  are what make the cache trustworthy.
+* A read-only cache (a pre-warmed image, say) is read: hits are served,
+  nothing is written, and a miss compiles in a private directory, with one
+  notice. A cache that fails verification while read-only is not used.
 
 Environment:
   TORCH_NEURONX_NEFF_CACHE_DIR      cache directory (default ~/.cache/torch_neuronx/neff)
@@ -20,18 +37,22 @@ Environment:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import struct
 import tempfile
 import threading
+import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -41,25 +62,41 @@ _SEAL_SUFFIX = ".sha256"
 _CHUNK = 1 << 20
 
 MEMORY_ENTRIES = 256  # compiled graphs kept per process, least recently used dropped first
+UNSEALED_GRACE_S = 600.0  # an unsealed file younger than this may belong to a compile still running
 
-_lock = threading.RLock()
+_lock = threading.RLock()  # the tables below
+# Compiles swap process-wide state (Inductor's cache directory in the
+# environment, Inductor and functorch configuration): one at a time.
+compile_lock = threading.RLock()
 _memory: OrderedDict[str, Callable[..., Any]] = OrderedDict()
-_verified: set[Path] = set()
-_sealed: set[Path] = set()
+_verified: dict[Path, tuple[int, int, int]] = {}  # file -> (inode, size, mtime_ns) when last found intact
+_warned: set[str] = set()
 _scratch: Path | None = None
+
+T = TypeVar("T")
 
 
 def enabled() -> bool:
     return os.environ.get(_ENV_DISABLE, "0").strip().lower() not in ("1", "true", "yes", "on")
 
 
-def cache_dir() -> Path:
-    """Where compiled graphs persist: $TORCH_NEURONX_NEFF_CACHE_DIR or the user's cache directory."""
-    configured = os.environ.get(_ENV_DIR)
-    if configured:
-        return Path(configured).expanduser().resolve()
+def _default_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base, "torch_neuronx", "neff").resolve()
+    return Path(base, "torch_neuronx", "neff").absolute()
+
+
+def cache_dir() -> Path:
+    """Where compiled graphs persist: $TORCH_NEURONX_NEFF_CACHE_DIR or the user's cache directory (unchecked)."""
+    configured = os.environ.get(_ENV_DIR)
+    return Path(configured).expanduser().absolute() if configured else _default_dir()
+
+
+def _warn_once(key: str, message: str) -> None:
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(f"torch_neuronx compile cache: {message}", stacklevel=4)
 
 
 # ---------------------------------------------------------------- in memory
@@ -89,6 +126,77 @@ def clear_memory() -> None:
         _memory.clear()
 
 
+# ---------------------------------------------------------------- the root
+
+
+def _untrusted(st: os.stat_result) -> str | None:
+    """Why a file or directory (from lstat) may not be trusted, or None."""
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if st.st_uid != os.getuid():
+        return f"is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is group- or world-writable (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _check_root(root: Path) -> str | None:
+    """Create `root` private if missing; say why it cannot be trusted, or None."""
+    try:
+        if not os.path.lexists(root):
+            root.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(root, 0o700)
+        st = os.lstat(root)
+    except OSError as exc:
+        return f"cannot be created or read ({exc.strerror})"
+    if not stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+        return "is not a directory"
+    return _untrusted(st)
+
+
+@dataclass(frozen=True)
+class Root:
+    path: Path
+    persistent: bool  # False: a scratch directory removed at exit
+    writable: bool
+
+
+def _scratch_dir() -> Path:
+    # With no usable cache, Inductor must not reuse kernels from earlier
+    # processes either: a directory of this process's own, removed at exit.
+    global _scratch
+    with _lock:
+        if _scratch is None:
+            _scratch = Path(tempfile.mkdtemp(prefix="torch_neuronx_neff_"))
+            import atexit
+
+            atexit.register(shutil.rmtree, _scratch, True)
+        return _scratch
+
+
+def trusted_root() -> Root:
+    """The cache root this compile may use, after the ownership and permission checks."""
+    if not enabled():
+        return Root(_scratch_dir(), persistent=False, writable=True)
+    root = cache_dir()
+    reason = _check_root(root)
+    if reason is not None:
+        fallback = _default_dir()
+        use_fallback = fallback != root and _check_root(fallback) is None
+        _warn_once(f"root:{root}", f"{root} {reason}; it is not used (it would load code from it). Using "
+                   f"{fallback if use_fallback else 'a private temporary directory'} instead: point "
+                   f"{_ENV_DIR} at a directory of your own, mode 0700.")
+        if not use_fallback:
+            return Root(_scratch_dir(), persistent=False, writable=True)
+        root = fallback
+    writable = os.access(root, os.W_OK)
+    if not writable:
+        _warn_once(f"ro:{root}", f"{root} is read-only: its entries are used, nothing is written to it, and "
+                   "graphs it lacks compile in a private temporary directory.")
+    return Root(root, persistent=True, writable=writable)
+
+
 # ---------------------------------------------------------------- on disk
 
 
@@ -100,8 +208,13 @@ class DiskOutcome:
     removed_corrupt: list[str] = field(default_factory=list)
 
 
+class _ReadOnlyMiss(Exception):
+    """A compile needed to write into a read-only cache."""
+
+
 _HIT_COUNTERS = (("aot_autograd", "autograd_cache_hit"), ("inductor", "fxgraph_cache_hit"))
 _MISS_COUNTERS = (("aot_autograd", "autograd_cache_miss"), ("inductor", "fxgraph_cache_miss"))
+_WRITE_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 def _count(pairs: tuple[tuple[str, str], ...]) -> list[int]:
@@ -110,26 +223,37 @@ def _count(pairs: tuple[tuple[str, str], ...]) -> list[int]:
     return [counters[group][name] for group, name in pairs]
 
 
-@contextlib.contextmanager
-def disk_scope() -> Iterator[DiskOutcome]:
-    """Compile inside this block to read and write the neuron cache directory.
+def compile_with_disk_cache(compile_fn: Callable[[], T]) -> tuple[T, DiskOutcome]:
+    """Run `compile_fn` (an Inductor compile) against the neuron disk cache; returns its result and what
+    the cache did. Holds :data:`compile_lock` throughout."""
+    with compile_lock:
+        root = trusted_root()
+        try:
+            return _compile_in(root, compile_fn)
+        except _ReadOnlyMiss:
+            result, _ = _compile_in(Root(_scratch_dir(), persistent=False, writable=True), compile_fn)
+            return result, DiskOutcome(result="miss")
 
-    Configuration is swapped, not threaded through: Inductor reads its cache
-    directory from the environment and its cache switches from global config.
-    Dynamo compiles one frame at a time (a global lock), so the swap is not
-    observed by other compiles.
-    """
+
+def _compile_in(root: Root, compile_fn: Callable[[], T]) -> tuple[T, DiskOutcome]:
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
     outcome = DiskOutcome()
-    if enabled():
-        root = cache_dir()
-        outcome.removed_corrupt = verify(root)
-        directory, persistent = root / "inductor", True
-    else:
-        directory, persistent = _scratch_dir(), False
-    directory.mkdir(parents=True, exist_ok=True)
+    persistent = root.persistent
+    if persistent:
+        damaged = verify(root.path, remove=root.writable)
+        if damaged and not root.writable:
+            _warn_once(f"ro-damaged:{root.path}", f"{root.path} is read-only and holds damaged or unsealed "
+                       f"entries ({damaged[0]}, ...): it is not used.")
+            root, persistent = Root(_scratch_dir(), persistent=False, writable=True), False
+        outcome.removed_corrupt = damaged if root.writable else []
+    directory = root.path / "inductor" if persistent else root.path
+    if root.writable:
+        _make_private_dirs(directory)
+    elif persistent:
+        directory = _read_only_overlay(directory)
+    before = _snapshot(directory) if persistent and root.writable else {}
     previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     hits, misses = _count(_HIT_COUNTERS), _count(_MISS_COUNTERS)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(directory)
@@ -144,40 +268,69 @@ def disk_scope() -> Iterator[DiskOutcome]:
                 force_non_lazy_backward_lowering=True,
             ),
         ):
-            yield outcome
+            result = compile_fn()
+    except Exception as exc:
+        if not root.writable and _write_refused(exc):
+            raise _ReadOnlyMiss from exc
+        raise
     finally:
         if previous is None:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
-        if persistent:
-            seal(cache_dir())
     if persistent:
+        if root.writable:
+            seal(root.path, before)
         new_hits = [a - b for a, b in zip(_count(_HIT_COUNTERS), hits, strict=True)]
         new_misses = [a - b for a, b in zip(_count(_MISS_COUNTERS), misses, strict=True)]
         # An AOTAutograd hit serves forward and backward; without one, the graph
         # came from disk only if every Inductor graph did.
         hit = new_hits[0] > 0 or (new_hits[1] > 0 and sum(new_misses) == 0)
         outcome.result = "hit" if hit else "miss"
+    return result, outcome
 
 
-def _scratch_dir() -> Path:
-    # With the cache off, Inductor must not reuse kernels from earlier processes
-    # either: give it a directory of its own, removed at exit.
-    global _scratch
-    with _lock:
-        if _scratch is None:
-            _scratch = Path(tempfile.mkdtemp(prefix="torch_neuronx_nocache_"))
-            import atexit
+def _write_refused(exc: BaseException) -> bool:
+    """Whether an error (Inductor wraps them) comes from a write the file system refused."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _WRITE_ERRNOS:
+            return True
+        current = getattr(current, "inner_exception", None) or current.__cause__ or current.__context__
+    return False
 
-            atexit.register(shutil.rmtree, _scratch, True)
-        return _scratch
+
+def _make_private_dirs(directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+
+def _read_only_overlay(directory: Path) -> Path:
+    """A private directory that shows a read-only cache's entries and has a writable ``locks/``.
+
+    Inductor takes a lock file even to load a cached kernel, in the cache
+    directory itself: the overlay links each entry of the read-only cache and
+    keeps its own locks. A new entry that would go inside a linked directory
+    fails to write, and the compile is redone in a private directory.
+    """
+    overlay = _scratch_dir() / ("ro-" + hashlib.sha256(str(directory).encode()).hexdigest()[:16])
+    if not overlay.exists():
+        overlay.mkdir(mode=0o700)
+        (overlay / "locks").mkdir(mode=0o700)
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(directory):
+                if entry.name != "locks":
+                    (overlay / entry.name).symlink_to(entry.path)
+    return overlay
 
 
 def _cached_files(root: Path) -> Iterator[tuple[Path, Path]]:
-    """(file, seal) pairs of what Inductor keeps under root/inductor; skips locks and temp files."""
+    """(file, seal) pairs of what Inductor keeps under root/inductor; skips locks and temp files.
+
+    Directories are walked without following symbolic links."""
     data, seals = root / "inductor", root / "checksums"
-    for dirpath, dirnames, filenames in os.walk(data):
+    for dirpath, dirnames, filenames in os.walk(data, followlinks=False):
         if os.path.basename(dirpath) == "locks":
             dirnames.clear()
             continue
@@ -188,16 +341,32 @@ def _cached_files(root: Path) -> Iterator[tuple[Path, Path]]:
             yield path, seals / (str(path.relative_to(data)) + _SEAL_SUFFIX)
 
 
+def _signature(st: os.stat_result) -> tuple[int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _snapshot(directory: Path) -> dict[str, tuple[int, int, int]]:
+    """Every file under `directory` with its signature (to tell what a compile wrote)."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for dirpath, _, filenames in os.walk(directory, followlinks=False):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            with contextlib.suppress(OSError):
+                out[path] = _signature(os.lstat(path))
+    return out
+
+
 def _digest(path: Path) -> str:
     h = hashlib.sha256()
-    with path.open("rb") as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
@@ -217,7 +386,7 @@ def _writer_active(root: Path, path: Path) -> bool:
     """
     lock = root / "inductor" / "locks" / (path.name.split(".", 1)[0] + ".lock")
     try:
-        fd = os.open(lock, os.O_RDONLY)
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return False
     try:
@@ -247,82 +416,126 @@ def _elf_complete(path: Path) -> bool:
     return table + entry * count <= path.stat().st_size
 
 
-def seal(root: Path) -> None:
-    """Record the checksum of every complete cache file that has none yet."""
-    for path, seal_path in _cached_files(root):
-        if path in _sealed:
-            continue
-        try:
-            if not seal_path.exists():
-                if _writer_active(root, path):
-                    continue  # seal it once the compiler has finished writing it
-                size = path.stat().st_size
-                _write_atomic(seal_path, f"{_digest(path)} {size}\n")
-        except FileNotFoundError:  # another process removed it meanwhile
-            continue
-        _sealed.add(path)
+def seal(root: Path, before: dict[str, tuple[int, int, int]]) -> None:
+    """Seal the files this process's compile wrote (absent or different in `before`), once found complete.
+
+    Sealed files lose any group/world write bit (a umask of 002 must not make
+    them untrusted next time). Bookkeeping never fails the compile: a file
+    that cannot be sealed is left unsealed, and is removed once it is stale.
+    """
+    try:
+        for path, seal_path in _cached_files(root):
+            try:
+                st = os.lstat(path)
+                if before.get(str(path)) == _signature(st) or not stat.S_ISREG(st.st_mode):
+                    continue  # not written by this compile
+                if _untrusted(st) is not None and st.st_uid == os.getuid():
+                    os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
+                    st = os.lstat(path)
+                if _untrusted(st) is not None or _writer_active(root, path):
+                    continue
+                if path.name.endswith(".so") and not _elf_complete(path):
+                    continue
+                _write_atomic(seal_path, f"{_digest(path)} {st.st_size}\n")
+                with _lock:
+                    _verified[path] = _signature(st)
+            except OSError:
+                continue
+    except OSError as exc:
+        _warn_once(f"seal:{root}", f"could not seal new entries under {root} ({exc}); they will be recompiled")
 
 
-def _intact(root: Path, path: Path, seal_path: Path) -> bool:
+def _intact(path: Path, seal_path: Path, st: os.stat_result) -> bool:
+    with _lock:
+        if _verified.get(path) == _signature(st):
+            return True
     try:
         recorded = seal_path.read_text().split()
-    except FileNotFoundError:
-        # Not sealed: written by a process that has not sealed it yet, or that died
-        # first. Inductor writes its pickles and sources atomically, but compiles
-        # kernel libraries in place, so a library may be cut short: check it is whole.
-        return not path.name.endswith(".so") or _elf_complete(path)
     except OSError:
-        return False
+        # Unsealed: a compile still running may have just written it; once it
+        # is stale, a process died before sealing it.
+        return time.time() - st.st_mtime < UNSEALED_GRACE_S and (
+            not path.name.endswith(".so") or _elf_complete(path))
     try:
-        return (len(recorded) == 2 and path.stat().st_size == int(recorded[1])
-                and _digest(path) == recorded[0])
+        ok = len(recorded) == 2 and st.st_size == int(recorded[1]) and _digest(path) == recorded[0]
     except (OSError, ValueError):
         return False
+    if ok:
+        with _lock:
+            _verified[path] = _signature(st)
+    return ok
 
 
-def verify(root: Path) -> list[str]:
-    """Once per process and directory: delete cache files that are damaged (Inductor recompiles them)."""
-    with _lock:
-        if root in _verified:
-            return []
-        _verified.add(root)
-    removed: list[str] = []
+def verify(root: Path, *, remove: bool = True) -> list[str]:
+    """Check every cache file before a compile; delete (with `remove`) and return those not to be trusted.
+
+    Files found intact are remembered by (inode, size, mtime), so only new or
+    changed files are hashed again.
+    """
+    bad: list[str] = []
     for path, seal_path in _cached_files(root):
         try:
-            if _intact(root, path, seal_path) or _writer_active(root, path):
-                if seal_path.exists():
-                    _sealed.add(path)
-                continue
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or _untrusted(st) is not None:
+                trusted = False
+            else:
+                trusted = _intact(path, seal_path, st) or _writer_active(root, path)
         except FileNotFoundError:
+            continue  # another process removed it meanwhile
+        except OSError:
+            trusted = False
+        if trusted:
             continue
-        for stale in (path, seal_path):
-            with contextlib.suppress(FileNotFoundError):
-                stale.unlink()
-        removed.append(str(path))
-    return removed
+        bad.append(str(path))
+        if remove:
+            for stale in (path, seal_path):
+                with contextlib.suppress(OSError):
+                    stale.unlink()
+            with _lock:
+                _verified.pop(path, None)
+    return bad
 
 
 def forget_verification() -> None:
-    """Make the next compile verify the directory again (tests; after editing the cache by hand)."""
+    """Hash every file again at the next compile (tests; after editing the cache by hand)."""
     with _lock:
         _verified.clear()
-        _sealed.clear()
+        _warned.clear()
 
 
 # ---------------------------------------------------------------- keys
 
 
+def _global_state() -> tuple[Any, ...]:
+    """Process-wide modes that change what a traced graph computes, though its code does not show them."""
+    autocast = tuple(
+        (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        for device in ("cpu", "cuda", "neuron")
+    )
+    return (
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+        torch.get_default_dtype(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.is_autocast_cache_enabled(),
+        autocast,
+        torch.get_float32_matmul_precision(),
+        torch._C._get_cpu_allow_fp16_reduced_precision_reduction(),
+    )
+
+
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], extra: str) -> str | None:
     """A key of everything a compiled graph depends on, or None when it must not be shared."""
+    import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
     h = hashlib.sha256()
     h.update(torch.__version__.encode())
     h.update(extra.encode())
-    # Global state Dynamo guards on and the graph code does not show, and Inductor's settings.
-    h.update(repr((torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.get_default_dtype(),
-                   torch.are_deterministic_algorithms_enabled())).encode())
+    h.update(repr(_global_state()).encode())
     h.update(repr(sorted(inductor_config.save_config_portable().items())).encode())
+    h.update(repr(sorted(functorch_config.save_config_portable().items())).encode())
     for name, module in gm.named_modules():  # the graph and any subgraphs (higher-order ops)
         if isinstance(module, torch.fx.GraphModule):
             h.update(name.encode())

@@ -5,9 +5,9 @@ Inductor's C++ CPU code generator produces correct kernels for it unchanged:
 we register that generator for the device, a Python wrapper that calls the
 kernels the way it does on CPU, and the device's op overrides, and work
 around the places where Inductor takes "not cpu" to mean "a GPU". Importing
-this module imports Inductor, which is why :mod:`.registration` loads it
-only when Inductor first asks for the device's code generator, or when the
-``neuron`` backend first compiles.
+this module imports Inductor, which is why it is loaded only when Inductor
+first asks for the device's code generator (the shims in
+:mod:`torch_neuronx.compile`), or when the ``neuron`` backend first compiles.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 from torch._inductor.virtualized import V
 
+from torch_neuronx import patches
 from torch_neuronx.compile import device_interface
 
 DEVICE = "neuron"
@@ -136,7 +137,5 @@ def register() -> None:
         device_interface.register(per_core=True)
         register_device_op_overrides(DEVICE, NeuronDeviceOpOverrides())
         register_backend_for_device(DEVICE, NeuronCppScheduling, NeuronWrapperCodegen)
-        # Inductor's loop re-indexing pass assumes every non-"cpu" device is a GPU
-        # (it calls GPU-only helpers); it has no per-device switch.
-        inductor_config.loop_reindexing_after_fusion = False
+        patches.patch_inductor_reindexing()
         _registered = True

@@ -46,10 +46,18 @@ class _FunctionStats:
 
 
 def _threshold_from_env() -> int:
-    try:
-        return int(os.environ.get("TORCH_NEURONX_RECOMPILE_WARN_THRESHOLD", "4"))
-    except ValueError:
+    text = os.environ.get("TORCH_NEURONX_RECOMPILE_WARN_THRESHOLD", "").strip()
+    if not text:
         return 4
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        warnings.warn(f"TORCH_NEURONX_RECOMPILE_WARN_THRESHOLD={text!r} is not a number of recompilations "
+                      "(a non-negative integer); using the default, 4", stacklevel=2)
+        return 4
+    return value
 
 
 recompile_warning_threshold: int = _threshold_from_env()

@@ -1,9 +1,14 @@
 // Shared declarations of the torch-neuronx C++ core.
 //
 // The device is emulated on the host: device memory is host memory owned by
-// the allocator below, and ATen's CPU kernels run on it through aliasing CPU
-// views (fallback.cpp). Python owns policy (instance type, capacities, dtype
-// advice); this core owns what must be fast or is reachable only from C++.
+// the allocator (runtime/), and ATen's CPU kernels run on it through CPU
+// tensors that alias it (aten/). Python owns policy (instance type,
+// capacities, dtype advice); this core owns what must be fast or is reachable
+// only from C++. Layout, as PyTorch's OpenReg backend:
+//   runtime/      init (cores, lazy initialisation), allocator, guard, hooks, generator
+//   aten/         kernels, the zero-copy fallback and what it needs, attention, autocast
+//   distributed/  ProcessGroupNeuron
+//   bindings.cpp  the Python bindings, all in one place
 #pragma once
 
 #include <ATen/ATen.h>
@@ -13,41 +18,66 @@
 #include <c10/core/Storage.h>
 
 #include <cstdint>
+#include <mutex>
 #include <string>
-#include <vector>
 
 namespace torch_neuronx {
 
 constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
+// c10::DeviceIndex is an int8_t and device counts are DeviceIndex too: one
+// process addresses at most 127 devices, neuron:0 to neuron:126.
+constexpr c10::DeviceIndex kMaxDevices = 127;
 
-// ---- runtime.cpp: emulated cores, lazy initialisation, fork safety ----
+// "1.50 GiB": the one byte formatter of the core (Python has its own).
+std::string format_bytes(int64_t n);
+
+// ---- runtime/init.cpp: emulated cores, lazy initialisation, fork safety ----
 struct RuntimeConfig {
   c10::DeviceIndex device_count = 1;
   int64_t capacity_bytes = INT64_MAX;  // HBM per logical NeuronCore
   std::string description;             // e.g. "trn2.48xlarge, LNC=2"
 };
-// Configures the cores on first use (through the Python callback) and
-// raises if the process is a fork of an initialised parent.
+// The configured cores; the first call initialises the device (through
+// torch.neuron's Python initialiser) and every call raises in a bad fork.
 const RuntimeConfig& runtime();
 bool is_initialized();
 bool in_bad_fork();
-c10::DeviceIndex device_count_noinit();
+// The core count without raising (for noexcept interfaces): 0 in a bad fork
+// or when initialisation fails.
+c10::DeviceIndex device_count_or_zero();
 c10::DeviceIndex current_device();
 void set_current_device(c10::DeviceIndex index);
-void check_index(c10::DeviceIndex index);
+// Raises IndexError unless 0 <= index < device_count(); takes a wide integer
+// so that out-of-range Python ints are caught before they are narrowed.
+void check_index(int64_t index);
 
-// ---- allocator.cpp ----
+// ---- runtime/allocator.cpp: the caching device allocator ----
 c10::DeviceAllocator* device_allocator();
 c10::DataPtr allocate_on(c10::DeviceIndex index, size_t nbytes);
-// Takes ownership of a host buffer produced by a CPU kernel: the bytes are
-// charged to `index` (raising OutOfMemoryError over capacity), no copy.
+// Takes ownership of a host buffer a CPU kernel produced, as device memory of
+// core `index` (raising OutOfMemoryError over capacity), without a copy; on
+// failure the buffer stays with the caller.
 c10::DataPtr adopt(c10::DataPtr&& host, size_t nbytes, c10::DeviceIndex index);
+void empty_cache();
+// While alive, the calling thread's CPU allocations come from core `index`'s
+// pools (host kernels run by the fallback: their results become device memory
+// without a copy or a page fault). Nests.
+class KernelAllocationScope {
+ public:
+  explicit KernelAllocationScope(c10::DeviceIndex index);
+  ~KernelAllocationScope();
+
+ private:
+  c10::DeviceIndex previous_;
+};
+void install_kernel_allocator();  // once, when the device initialises
 c10::Allocator* pinned_allocator();
 bool is_pinned(const void* ptr);
 c10::DeviceIndex device_of_ptr(const void* ptr);  // -1 if not device memory
 void set_capacity(c10::DeviceIndex index, int64_t bytes);
+int64_t capacity(c10::DeviceIndex index);
 
-// ---- generator.cpp ----
+// ---- runtime/generator.cpp ----
 const at::Generator& default_generator(c10::DeviceIndex index);
 at::Generator new_generator(c10::DeviceIndex index);
 // While held, `engine()` is the CPU generator a kernel may draw from; on
@@ -65,22 +95,27 @@ class GeneratorLease {
   int64_t numel_ = 0;
 };
 
-// ---- fallback.cpp ----
-at::Tensor cpu_alias(const at::Tensor& t);  // CPU view of device memory
+// ---- aten/alias.cpp: the bridge between device tensors and CPU kernels ----
+// A CPU tensor over the memory of device tensor `t` (no copy). With
+// `keep_alive`, the alias holds a reference to the device storage (for work
+// that outlives the call, e.g. a collective finishing on another thread).
+at::Tensor cpu_alias(const at::Tensor& t, bool keep_alive = false);
+// CPU aliases for the tensors of one call: views of one device storage share
+// one alias storage, and a tensor passed twice gets one alias, so that ATen's
+// overlap checks and is_alias_of guards see what the device tensors share.
+class HostAliases {
+ public:
+  at::Tensor operator()(const at::Tensor& t);
+
+ private:
+  c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 4> storages_;
+  c10::SmallVector<std::pair<const c10::TensorImpl*, at::Tensor>, 4> tensors_;
+};
 // A CPU kernel's fresh result as a device tensor on core `index`: its buffer
 // is adopted without a copy when nothing else holds it.
 at::Tensor to_device(const at::Tensor& cpu, c10::DeviceIndex index);
-void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-void check_dtype(c10::ScalarType dtype);  // the hardware's dtype policy
 
-struct OpCount {
-  std::string name;
-  int64_t executed;
-  int64_t fallback;
-};
-std::vector<OpCount> op_counts();
-void reset_op_counts();
-void set_fallback_allowed(bool allowed);
-int route_structured_ops();  // returns how many ops were routed
+// ---- aten/dtype_policy.cpp ----
+void check_dtype(c10::ScalarType dtype);  // the hardware's dtype policy: no FP64
 
 }  // namespace torch_neuronx

@@ -2,19 +2,27 @@ r"""torch.neuron: the device module of the emulated NeuronCores.
 
 It reads like :mod:`torch.cuda`: each logical NeuronCore of the emulated
 instance is one device, ``neuron:0`` to ``neuron:{device_count() - 1}``.
-The emulated machine is chosen when the device is first used (see
-:mod:`torch_neuronx.runtime.config`), not on import.
+The emulated machine is read from the environment (see
+:mod:`torch_neuronx.runtime.config`), and the device initialises on first use,
+not on import (:mod:`._lazy`: ``_lazy_init``, ``_lazy_call``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-from torch_neuronx import _C
-from torch_neuronx.device._index import _device_t, current_device, device_index
+from torch_neuronx import _C, runtime
+from torch_neuronx.device._index import _device_t, current_device, device_count, device_index
+from torch_neuronx.device._lazy import (  # _is_in_bad_fork and _lazy_call are torch.cuda's names, kept here too
+    DeferredNeuronCallError,
+    _initialize,
+    _is_in_bad_fork,  # noqa: F401
+    _lazy_call,  # noqa: F401
+    _lazy_init,
+    is_initialized,
+)
 from torch_neuronx.device.memory import (
     empty_cache,
     max_memory_allocated,
@@ -52,7 +60,16 @@ from torch_neuronx.device.streams import (
     wait_stream,
 )
 
-_initialized = False  # set by torch_neuronx.runtime when the device initialises
+_C._set_init_callback(_initialize)  # the core's first use of the device initialises through torch.neuron
+
+
+def __getattr__(name: str) -> Any:
+    # torch.utils.checkpoint saves and restores the device RNG only when the
+    # device module says it is initialised (torch.cuda's `_initialized`): the
+    # C++ core's flag, read when asked, is the one truth.
+    if name == "_initialized":
+        return is_initialized()
+    raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
 
 
 def is_available() -> bool:
@@ -60,36 +77,16 @@ def is_available() -> bool:
     return not _C._in_bad_fork()
 
 
-def is_initialized() -> bool:
-    """Whether the device has been initialised in this process."""
-    return _C._is_initialized() and not _C._in_bad_fork()
-
-
-def _is_in_bad_fork() -> bool:
-    """Whether this process is a fork of one that had initialised the device (it must not use it)."""
-    return _C._in_bad_fork()
-
-
 def init() -> None:
     """Initialise the device now rather than on first use."""
-    _C._lazy_init()
-
-
-_lazy_init = init
-
-
-def device_count() -> int:
-    """The number of logical NeuronCores this process sees (NEURON_RT_VISIBLE_CORES, LNC applied)."""
-    if _C._in_bad_fork():
-        return 0
-    return _C._device_count()
+    _lazy_init()
 
 
 def set_device(device: _device_t) -> None:
-    """Set the calling thread's current NeuronCore."""
-    index = device_index(device)
+    """Set the calling thread's current NeuronCore (-1: no change, as torch.cuda)."""
+    index = device_index(device, optional=True)
     if index >= 0:
-        _C._lazy_init()
+        _lazy_init()
         _C._set_device(index)
 
 
@@ -97,7 +94,7 @@ class device:
     """Context manager that changes the current NeuronCore, like :class:`torch.cuda.device`."""
 
     def __init__(self, device: _device_t) -> None:
-        self.idx = -1 if device is None else device_index(device)
+        self.idx = -1 if device is None else device_index(device, optional=True)
         self.prev_idx = -1
 
     def __enter__(self) -> None:
@@ -117,8 +114,7 @@ class device_of(device):
         super().__init__(obj.get_device() if obj.device.type == "neuron" else None)
 
 
-@dataclass(frozen=True)
-class NeuronDeviceProperties:
+class NeuronDeviceProperties(NamedTuple):
     """What :func:`get_device_properties` reports about one logical NeuronCore."""
 
     name: str  # the chip type, as on the real device: "trn1", "trn1n", "inf2", "trn2"
@@ -146,12 +142,8 @@ class NeuronDeviceProperties:
 
 def get_device_properties(device: _device_t = None) -> NeuronDeviceProperties:
     """Properties of a logical NeuronCore: chip name, HBM capacity, instance and topology."""
-    from torch_neuronx import runtime
-
-    cfg = runtime.config()
+    cfg = runtime.machine()
     index = device_index(device)
-    if not 0 <= index < cfg.device_count:
-        raise AssertionError(f"Invalid device id neuron:{index}: {cfg.device_count} NeuronCores are visible")
     chip = cfg.instance.chip
     core = cfg.visible_cores[index]
     per_chip = chip.physical_cores // cfg.lnc
@@ -193,21 +185,8 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
 
 
-def get_dynamo_metrics() -> dict[str, Any]:
-    """Compilation metrics of the ``neuron`` torch.compile backend (see torch_neuronx.compile)."""
-    from torch_neuronx.compile import metrics
-
-    return metrics.snapshot()
-
-
-def reset_dynamo_metrics() -> None:
-    """Reset what :func:`get_dynamo_metrics` reports."""
-    from torch_neuronx.compile import metrics
-
-    metrics.reset()
-
-
 __all__ = [
+    "DeferredNeuronCallError",
     "Event",
     "NeuronDeviceProperties",
     "Stream",
@@ -224,7 +203,6 @@ __all__ = [
     "get_device_capability",
     "get_device_name",
     "get_device_properties",
-    "get_dynamo_metrics",
     "get_rng_state",
     "get_rng_state_all",
     "init",
@@ -242,7 +220,6 @@ __all__ = [
     "memory_stats",
     "memory_summary",
     "reset_accumulated_memory_stats",
-    "reset_dynamo_metrics",
     "reset_max_memory_allocated",
     "reset_peak_memory_stats",
     "seed",

@@ -4,19 +4,36 @@ from __future__ import annotations
 
 import torch
 
-from torch_neuronx import _C
+from torch_neuronx import _C, runtime
+from torch_neuronx.device._lazy import _lazy_init
 
 _device_t = torch.device | str | int | None
 
 
+def device_count() -> int:
+    """The number of logical NeuronCores this process sees (NEURON_RT_VISIBLE_CORES, LNC applied).
+
+    Read from the environment without initialising the device, as torch.cuda
+    counts GPUs through NVML; 0 in a process forked after the device was used.
+    """
+    if _C._in_bad_fork():
+        return 0
+    return runtime.machine().device_count
+
+
 def current_device() -> int:
-    """The index of the calling thread's current NeuronCore."""
-    _C._lazy_init()
+    """The index of the calling thread's current NeuronCore (torchrun workers start on LOCAL_RANK)."""
+    _lazy_init()
     return _C._current_device()
 
 
-def device_index(device: _device_t) -> int:
-    """Normalise a device argument to an index; None and "neuron" mean the current device."""
+def device_index(device: _device_t, *, optional: bool = False) -> int:
+    """The index of a visible core; None and "neuron" mean the current core.
+
+    With `optional`, -1 ("no particular core") is returned as is. Anything
+    else out of range raises IndexError naming the valid range: an index is
+    never wrapped onto another core.
+    """
     if device is None:
         return current_device()
     if isinstance(device, str):
@@ -24,7 +41,20 @@ def device_index(device: _device_t) -> int:
     if isinstance(device, torch.device):
         if device.type != "neuron":
             raise ValueError(f"expected a neuron device, got '{device}'")
-        return current_device() if device.index is None else device.index
-    if isinstance(device, int):
-        return device
-    raise TypeError(f"expected a neuron device, a device index or None, got {type(device).__name__}")
+        if device.index is None:
+            return current_device()
+        index = device.index
+    elif isinstance(device, int) and not isinstance(device, bool):
+        index = device
+    else:
+        raise TypeError(f"expected a neuron device, a device index or None, got {type(device).__name__}")
+    if optional and index == -1:
+        return -1
+    count = device_count()
+    if not 0 <= index < count:
+        raise IndexError(
+            f"Invalid device ordinal neuron:{index}: this process sees {count} NeuronCore"
+            f"{'' if count == 1 else 's'} (neuron:0 to neuron:{count - 1}) of the emulated instance "
+            f"({runtime.machine().describe()}). Set TORCH_NEURONX_INSTANCE_TYPE or NEURON_RT_VISIBLE_CORES for more."
+        )
+    return index

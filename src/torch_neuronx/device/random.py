@@ -2,7 +2,9 @@
 
 Each core has a default generator. Its state is CUDA-style, 16 bytes of
 (seed, offset), and its numbers come from the CPU engine: the same seed gives
-the same numbers on neuron as on CPU (see csrc/generator.cpp).
+the same numbers on neuron as on CPU (see csrc/runtime/generator.cpp).
+Seeding before the device is used is queued, as torch.cuda queues it:
+``torch.manual_seed(0)`` does not initialise the device.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ import torch
 
 from torch_neuronx import _C
 from torch_neuronx.device._index import _device_t, device_index
+from torch_neuronx.device._lazy import _lazy_call, _lazy_init
 
 _generators: list[torch.Generator] = []
 
 
 def _default_generators() -> tuple[torch.Generator, ...]:
     if not _generators:
-        _C._lazy_init()
+        _lazy_init()
         _generators.extend(_C._default_generator(i) for i in range(_C._device_count()))
     return tuple(_generators)
 
@@ -41,11 +44,7 @@ default_generators: tuple[torch.Generator, ...] = _DefaultGenerators()
 
 
 def _generator(device: _device_t) -> torch.Generator:
-    index = device_index(device)
-    gens = _default_generators()
-    if not 0 <= index < len(gens):
-        raise ValueError(f"invalid device neuron:{index}: {len(gens)} NeuronCores are visible")
-    return gens[index]
+    return _default_generators()[device_index(device)]
 
 
 def get_rng_state(device: _device_t = "neuron") -> torch.Tensor:
@@ -64,32 +63,47 @@ def set_rng_state(new_state: torch.Tensor, device: _device_t = "neuron") -> None
 
 
 def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
-    """Restore the RNG states of all cores from :func:`get_rng_state_all`."""
-    for g, state in zip(_default_generators(), new_states, strict=False):
+    """Restore the RNG states of all cores from :func:`get_rng_state_all` (one state per core)."""
+    states = list(new_states)
+    generators = _default_generators()
+    if len(states) != len(generators):
+        raise ValueError(f"set_rng_state_all needs one state per NeuronCore: got {len(states)} states for "
+                         f"{len(generators)} cores (save them with torch.neuron.get_rng_state_all())")
+    for g, state in zip(generators, states, strict=True):
         g.set_state(state)
 
 
 def manual_seed(seed: int) -> None:
-    """Seed the current core's generator."""
-    _generator(None).manual_seed(int(seed))
+    """Seed the current core's generator (queued until the device initialises)."""
+    seed = int(seed)
+    _lazy_call(lambda: _generator(None).manual_seed(seed), seed=True)
 
 
 def manual_seed_all(seed: int) -> None:
-    """Seed every core's generator (``torch.manual_seed`` calls this)."""
-    for g in _default_generators():
-        g.manual_seed(int(seed))
+    """Seed every core's generator (``torch.manual_seed`` calls this; queued until the device initialises)."""
+    seed = int(seed)
+
+    def seed_every_core() -> None:
+        for g in _default_generators():
+            g.manual_seed(seed)
+
+    _lazy_call(seed_every_core, seed_all=True)
 
 
 def seed() -> None:
     """Seed the current core's generator with a non-deterministic number."""
-    _generator(None).seed()
+    _lazy_call(lambda: _generator(None).seed())
 
 
 def seed_all() -> None:
     """Seed every core's generator with one non-deterministic number."""
-    s = _generator(None).seed()
-    for g in _default_generators():
-        g.manual_seed(s)
+
+    def seed_every_core() -> None:
+        s = _generator(None).seed()
+        for g in _default_generators():
+            g.manual_seed(s)
+
+    _lazy_call(seed_every_core, seed_all=True)
 
 
 def initial_seed() -> int:

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from torch_neuronx import _C
 from torch_neuronx.device._index import _device_t, device_index
+from torch_neuronx.device._lazy import _lazy_init
 
 _PRIVATEUSE1 = 20  # c10::DeviceType::PrivateUse1, the device type torch.Stream stores
 
@@ -23,8 +23,9 @@ class Stream(torch.Stream):
     def __new__(cls, device: _device_t = None, priority: int = 0, **kwargs: Any) -> Stream:
         if "stream_id" in kwargs:  # rebuilding a stream from its parts
             return super().__new__(cls, **kwargs)
-        _C._lazy_init()
-        return super().__new__(cls, device=torch.device("neuron", device_index(device)), priority=priority)
+        index = device_index(device)
+        _lazy_init()
+        return super().__new__(cls, device=torch.device("neuron", index), priority=priority)
 
     def wait_event(self, event: torch.Event) -> None:
         event.wait(self)
@@ -46,7 +47,7 @@ class Event:
     """
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:
-        _C._lazy_init()
+        _lazy_init()
         return torch.Event(device="neuron", enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
 
 
@@ -56,14 +57,16 @@ def _wrap(s: torch.Stream) -> Stream:
 
 def current_stream(device: _device_t = None) -> Stream:
     """The calling thread's current stream on a core."""
-    _C._lazy_init()
-    return _wrap(torch._C._accelerator_getStream(device_index(device)))
+    index = device_index(device)
+    _lazy_init()
+    return _wrap(torch._C._accelerator_getStream(index))
 
 
 def default_stream(device: _device_t = None) -> Stream:
     """A core's default stream."""
-    _C._lazy_init()
-    return Stream(stream_id=0, device_index=device_index(device), device_type=_PRIVATEUSE1)
+    index = device_index(device)
+    _lazy_init()
+    return Stream(stream_id=0, device_index=index, device_type=_PRIVATEUSE1)
 
 
 def set_stream(stream: torch.Stream) -> None:
@@ -101,5 +104,6 @@ def wait_stream(stream: torch.Stream) -> None:
 
 def synchronize(device: _device_t = None) -> None:
     """Wait for all work on a core (the emulated device finishes each call before returning)."""
-    _C._lazy_init()
-    torch._C._accelerator_synchronizeDevice(device_index(device))
+    index = device_index(device)
+    _lazy_init()
+    torch._C._accelerator_synchronizeDevice(index)

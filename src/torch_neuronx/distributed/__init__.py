@@ -4,18 +4,14 @@ Collectives run on Gloo over the device's host memory, zero-copy, so a job
 that outgrows one machine runs with torchrun across hosts. Registered on
 import of torch_neuronx, for both neuron and CPU tensors, so that
 ``init_process_group("neuron")`` — or ``init_process_group()`` while neuron is
-the accelerator — needs no ``"cpu:gloo,..."`` spec. :func:`init_mesh` builds
+the accelerator (torch_neuronx.patches) — needs no ``"cpu:gloo,..."`` spec. :func:`init_mesh` builds
 a neuron DeviceMesh that must fit the launch. (A worker started by torchrun
 binds ``neuron:LOCAL_RANK``: torch_neuronx.runtime does that on first use.)
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import torch
 
@@ -42,47 +38,6 @@ def _register() -> None:
 
     if _BACKEND not in dist.Backend.backend_list:
         dist.Backend.register_backend(_BACKEND, _create_backend, devices=["cpu", "neuron"])
-    _default_backend_to_neuron()
-
-
-def _default_backend_to_neuron() -> None:
-    # With no backend, torch builds a group for the accelerator alone and names
-    # its backend "undefined": CPU tensors (object collectives, DCP metadata)
-    # then have no backend on it. Ours serves both devices, so name it.
-    # device_mesh imported the function by name, hence the three bindings.
-    import torch.distributed as dist
-    import torch.distributed.device_mesh as device_mesh
-    from torch.distributed import distributed_c10d
-
-    original = distributed_c10d.init_process_group
-    if getattr(original, "_neuron_default", False):
-        return
-    patched = _with_neuron_default(original)
-    for module in (dist, distributed_c10d, device_mesh):
-        if getattr(module, "init_process_group", None) is original:
-            module.init_process_group = patched  # type: ignore[attr-defined]
-
-
-def _with_neuron_default(init: Callable[..., None]) -> Callable[..., None]:
-    signature = inspect.signature(init)
-
-    @functools.wraps(init)
-    def init_process_group(*args: Any, **kwargs: Any) -> None:
-        bound = signature.bind_partial(*args, **kwargs)
-        device_id = bound.arguments.get("device_id")
-        if bound.arguments.get("backend") is None and _neuron_is_default(device_id):
-            bound.arguments["backend"] = _BACKEND
-        return init(*bound.args, **bound.kwargs)
-
-    init_process_group._neuron_default = True  # type: ignore[attr-defined]
-    return init_process_group
-
-
-def _neuron_is_default(device_id: object) -> bool:
-    if device_id is not None:
-        kind = device_id.type if isinstance(device_id, torch.device) else torch.device(device_id).type
-        return kind == "neuron"
-    return torch._C._get_accelerator().type == "neuron"
 
 
 def comm_stats(group=None) -> dict[str, dict[str, int]]:  # type: ignore[no-untyped-def]

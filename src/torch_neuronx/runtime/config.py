@@ -14,19 +14,21 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from dataclasses import dataclass
+from typing import NamedTuple
 
+from torch_neuronx import _C
 from torch_neuronx.runtime.instances import DEFAULT_INSTANCE, INSTANCES, Instance
 
-MAX_VISIBLE_CORES = 127  # torch's device index is an int8: neuron:0 .. neuron:126
+# torch's device index is an int8: a process addresses neuron:0 .. neuron:126 (csrc/neuron.h, kMaxDevices).
+MAX_VISIBLE_CORES: int = _C._MAX_DEVICES
+MAX_HBM_BYTES = 1 << 50  # 1 PiB per core: far beyond any chip, and far inside an int64
 
 
 class NeuronConfigError(ValueError):
     """The environment describes a machine the emulator cannot stand in for."""
 
 
-@dataclass(frozen=True)
-class RuntimeConfig:
+class RuntimeConfig(NamedTuple):
     instance: Instance
     lnc: int  # physical cores per logical core
     visible_cores: tuple[int, ...]  # logical core ids on the instance, in device-index order
@@ -58,6 +60,15 @@ def parse_bytes(text: str) -> int:
     return int(float(number) * _UNITS[(unit or "")[:1].lower()])
 
 
+def format_bytes(n: float) -> str:
+    """Bytes as people read them, in binary units: "512 B", "1.50 KiB", "24.00 GiB" (the one Python formatter)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
 def parse_core_list(text: str, available: int) -> tuple[int, ...]:
     """Parse NEURON_RT_VISIBLE_CORES ("3", "0-3", "0,2,5-7") against `available` cores."""
     cores: list[int] = []
@@ -72,15 +83,14 @@ def parse_core_list(text: str, available: int) -> tuple[int, ...]:
         lo, hi = int(bounds[0]), int(bounds[-1])
         if hi < lo:
             raise NeuronConfigError(f"NEURON_RT_VISIBLE_CORES={text!r}: range {part!r} is empty")
+        if hi >= available:  # checked before the range is expanded: '0-99999999999' must not exhaust memory
+            raise NeuronConfigError(
+                f"NEURON_RT_VISIBLE_CORES={text!r} names core {max(lo, available)}, but the instance has only "
+                f"{available} logical NeuronCores (0-{available - 1})"
+            )
         cores.extend(range(lo, hi + 1))
     if not cores:
         raise NeuronConfigError(f"NEURON_RT_VISIBLE_CORES={text!r} names no core")
-    bad = [c for c in cores if c >= available]
-    if bad:
-        raise NeuronConfigError(
-            f"NEURON_RT_VISIBLE_CORES={text!r} names core {bad[0]}, but the instance has only "
-            f"{available} logical NeuronCores (0-{available - 1})"
-        )
     if len(set(cores)) != len(cores):
         raise NeuronConfigError(f"NEURON_RT_VISIBLE_CORES={text!r} names a core twice")
     return tuple(cores)
@@ -116,7 +126,13 @@ def from_environment(env: dict[str, str] | None = None) -> RuntimeConfig:
     hbm_text = env.get("TORCH_NEURONX_HBM_PER_CORE", "").strip()
     hbm = instance.chip.hbm_bytes // instance.chip.physical_cores * lnc
     if hbm_text:
-        hbm = parse_bytes(hbm_text)
-        if hbm <= 0:
-            raise NeuronConfigError(f"TORCH_NEURONX_HBM_PER_CORE={hbm_text!r} must be positive")
+        try:
+            hbm = parse_bytes(hbm_text)
+        except NeuronConfigError as exc:
+            raise NeuronConfigError(f"TORCH_NEURONX_HBM_PER_CORE: {exc}") from None
+        if not 0 < hbm <= MAX_HBM_BYTES:
+            raise NeuronConfigError(
+                f"TORCH_NEURONX_HBM_PER_CORE={hbm_text!r} must be a size between 1 byte and "
+                f"{MAX_HBM_BYTES >> 40} TiB, e.g. '256MiB' or '16GiB'"
+            )
     return RuntimeConfig(instance, lnc, visible, hbm, bool(hbm_text))

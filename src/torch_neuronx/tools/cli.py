@@ -8,9 +8,7 @@ import os
 import sys
 from typing import Any
 
-
-def _fmt_gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB"
+from torch_neuronx.runtime.config import format_bytes
 
 
 def collect() -> dict[str, Any]:
@@ -20,7 +18,7 @@ def collect() -> dict[str, Any]:
     import torch_neuronx
     from torch_neuronx import _C, runtime
 
-    cfg = runtime.config()
+    cfg = runtime.machine()
     cores = []
     for i in range(cfg.device_count):
         free, total = torch.neuron.mem_get_info(i)
@@ -57,7 +55,7 @@ def info(as_json: bool) -> int:
     print(f"logical cores {data['logical_cores']} at LNC={data['logical_nc_config']}, "
           f"{data['visible_cores']} visible to this process")
     note = " (overridden by TORCH_NEURONX_HBM_PER_CORE)" if data["hbm_overridden"] else ""
-    print(f"HBM per core  {_fmt_gib(data['hbm_per_core_bytes'])}{note}")
+    print(f"HBM per core  {format_bytes(data['hbm_per_core_bytes'])}{note}")
     used = [c for c in data["cores"] if c["allocated_bytes"]]
     print(f"memory in use {sum(c['allocated_bytes'] for c in used)} bytes on {len(used)} core(s)")
     print(f"build         C++ core {data['build']['core']} loaded; autoload on import torch: "

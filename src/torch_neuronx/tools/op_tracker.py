@@ -14,13 +14,12 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from torch_neuronx import _C
 
 
-@dataclass(frozen=True)
-class OpRecord:
+class OpRecord(NamedTuple):
     name: str  # e.g. "aten::add.Tensor"
     executed: int  # calls that ran on the device
     fallback: int  # calls that fell back to a CPU computation

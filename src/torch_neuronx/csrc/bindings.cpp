@@ -1,11 +1,15 @@
 // Python bindings of the core: the few entry points torch_neuronx's Python
-// layers call. Everything user-facing is in Python.
-#include "neuron.h"
+// layers call, all in one place. Everything user-facing is in Python.
+#include "aten/aten.h"
+#include "runtime/allocator.h"
 
 #include <torch/csrc/Generator.h>
 #include <torch/extension.h>
 
 namespace torch_neuronx {
+pybind11::dict memory_snapshot();
+void record_memory_history(std::optional<std::string> enabled, std::optional<std::string> context,
+                           const std::string& stacks, size_t max_entries, bool clear_history);
 void set_init_callback(pybind11::object fn);
 void configure(int64_t device_count, int64_t capacity_bytes, const std::string& description);
 void init_distributed(pybind11::module& m);
@@ -14,19 +18,42 @@ void init_distributed(pybind11::module& m);
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace torch_neuronx;
   m.doc() = "torch_neuronx C++ core: allocator, guard, hooks, generator, zero-copy fallback";
+  m.attr("_MAX_DEVICES") = static_cast<int>(kMaxDevices);
+
+  // runtime
   m.def("_set_init_callback", &set_init_callback);
-  init_distributed(m);
   m.def("_configure", &configure);
   m.def("_is_initialized", &is_initialized);
   m.def("_in_bad_fork", &in_bad_fork);
   m.def("_lazy_init", [] { runtime(); });
   m.def("_device_count", [] { return static_cast<int>(runtime().device_count); });
   m.def("_current_device", [] { return static_cast<int>(current_device()); });
-  m.def("_set_device", [](int index) { set_current_device(static_cast<c10::DeviceIndex>(index)); });
-  m.def("_default_generator", [](int index) {
+  m.def("_set_device", [](int64_t index) {
+    check_index(index);
+    set_current_device(static_cast<c10::DeviceIndex>(index));
+  });
+  m.def("_check_index", [](int64_t index) { check_index(index); });
+  m.def("_default_generator", [](int64_t index) {
+    check_index(index);
     return pybind11::reinterpret_steal<pybind11::object>(
         THPGenerator_initDefaultGenerator(default_generator(static_cast<c10::DeviceIndex>(index))));
   });
+  m.def("_set_capacity", [](int64_t index, int64_t bytes) {
+    check_index(index);
+    TORCH_CHECK_VALUE(bytes > 0, "HBM capacity must be a positive number of bytes, got ", bytes);
+    set_capacity(static_cast<c10::DeviceIndex>(index), bytes);
+  });
+  m.def("_capacity", [](int64_t index) {
+    check_index(index);
+    return capacity(static_cast<c10::DeviceIndex>(index));
+  });
+
+  m.def("_empty_cache", &empty_cache);
+  m.def("_record_memory_history", &record_memory_history);
+  m.def("_memory_snapshot", &memory_snapshot);
+  m.def("_size_class", [](size_t nbytes) { return size_class(nbytes); });
+
+  // aten
   m.def("_op_counts", [] {
     std::vector<std::tuple<std::string, int64_t, int64_t>> out;
     for (const auto& c : op_counts()) out.emplace_back(c.name, c.executed, c.fallback);
@@ -35,11 +62,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_reset_op_counts", &reset_op_counts);
   m.def("_set_fallback_allowed", &set_fallback_allowed);
   m.def("_route_structured_ops", &route_structured_ops);
-  m.def("_set_capacity", [](int index, int64_t bytes) {
-    check_index(static_cast<c10::DeviceIndex>(index));
-    set_capacity(static_cast<c10::DeviceIndex>(index), bytes);
-  });
-  m.def("_data_ptr_device", [](uint64_t ptr) {
-    return static_cast<int>(device_of_ptr(reinterpret_cast<const void*>(ptr)));
-  });
+
+  // distributed
+  init_distributed(m);
 }

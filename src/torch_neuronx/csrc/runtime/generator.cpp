@@ -8,24 +8,23 @@
 //    successive ops draw from it as successive CPU ops would;
 //  * each op advances the offset by the values it drew (rounded up to 4, as
 //    Philox counts), so (seed, offset) names a point in the sequence;
-//  * get_state() remembers the engine at that point, and set_state() of a
-//    remembered point restores it exactly (fork_rng, checkpoint recompute);
-//  * set_state() of any other point reseeds the engine from (seed, offset),
-//    deterministically, so every rank that sets the same state draws the same
-//    numbers (DTensor's per-shard offsets).
-#include "neuron.h"
+//  * the state tensor get_state() returns carries the engine as it was at
+//    that point, and set_state() of that tensor restores it exactly, however
+//    many states were taken since (fork_rng, checkpoint recompute);
+//  * set_state() of any other (seed, offset) (a copy, a state loaded from a
+//    file, a shifted offset) reseeds the engine from the pair,
+//    deterministically, so every rank that sets the same state draws the
+//    same numbers (DTensor's per-shard offsets).
+#include "../neuron.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
 
 #include <cstring>
-#include <deque>
 #include <mutex>
 
 namespace torch_neuronx {
 namespace {
-
-constexpr size_t kRemembered = 32;
 
 uint64_t mix(uint64_t seed, uint64_t offset) {
   if (offset == 0) return seed;  // the CPU engine's own seeding
@@ -35,10 +34,27 @@ uint64_t mix(uint64_t seed, uint64_t offset) {
   return z ^ (z >> 31);
 }
 
-struct Snapshot {
+// The storage context of a state tensor: its 16 bytes, and the engine they
+// named when it was taken. Freed with the last tensor that views it.
+struct StateSnapshot {
+  uint64_t words[2];  // the tensor's data: seed, offset
   uint64_t seed, offset;
-  c10::intrusive_ptr<c10::TensorImpl> engine_state;
+  at::Tensor engine_state;
 };
+
+void delete_snapshot(void* ctx) { delete static_cast<StateSnapshot*>(ctx); }
+
+// The snapshot a state tensor carries, if it is one get_state() made and its
+// bytes still name the point the snapshot was taken at.
+const StateSnapshot* snapshot_of(const c10::TensorImpl& state) {
+  if (!state.has_storage()) return nullptr;
+  const c10::DataPtr& data = state.storage().data_ptr();
+  if (data.get_deleter() != &delete_snapshot) return nullptr;
+  const auto* snap = static_cast<const StateSnapshot*>(data.get_context());
+  if (state.data() != static_cast<const void*>(snap->words)) return nullptr;  // a slice of one
+  if (snap->words[0] != snap->seed || snap->words[1] != snap->offset) return nullptr;  // edited in place
+  return snap;
+}
 
 class NeuronGeneratorImpl final : public c10::GeneratorImpl {
  public:
@@ -50,7 +66,6 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
   void set_current_seed(uint64_t seed) override {
     seed_ = seed;
     offset_ = 0;
-    snapshots_.clear();
     reseed();
   }
   void set_offset(uint64_t offset) override {
@@ -66,11 +81,13 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
   }
 
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
-    auto state = at::empty({16}, at::kByte);
-    auto* p = reinterpret_cast<uint64_t*>(state.data_ptr<uint8_t>());
-    p[0] = seed_;
-    p[1] = offset_;
-    remember();
+    auto* snap = new StateSnapshot{{seed_, offset_}, seed_, offset_, at::Tensor(engine_.get_state())};
+    c10::DataPtr data(snap->words, snap, &delete_snapshot, c10::Device(c10::DeviceType::CPU));
+    c10::Storage storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), sizeof(snap->words),
+                                                               std::move(data), nullptr, false));
+    auto state = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                          caffe2::TypeMeta::Make<uint8_t>());
+    state.unsafeGetTensorImpl()->set_sizes_contiguous({static_cast<int64_t>(sizeof(snap->words))});
     return state.getIntrusivePtr();
   }
 
@@ -84,15 +101,16 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
     uint64_t words[2];
     std::memcpy(words, new_state.data(), sizeof(words));
     const uint64_t seed = words[0], offset = words[1];
-    if (seed == seed_ && offset == offset_) return;  // already there: keep the engine as it is
+    if (const auto* snap = snapshot_of(new_state)) {
+      seed_ = seed;
+      offset_ = offset;
+      engine_.set_state(snap->engine_state);
+      return;
+    }
+    // Any other state names (seed, offset) only: the same bytes give the same
+    // numbers wherever the generator stands, on every rank.
     seed_ = seed;
     offset_ = offset;
-    for (const auto& s : snapshots_) {
-      if (s.seed == seed && s.offset == offset) {
-        engine_.set_state(at::Tensor(s.engine_state));
-        return;
-      }
-    }
     reseed();
   }
 
@@ -106,7 +124,6 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
     auto* g = new NeuronGeneratorImpl(device_.index(), seed_);
     g->engine_ = engine_.clone();
     g->offset_ = offset_;
-    g->snapshots_ = snapshots_;
     return g;
   }
 
@@ -114,18 +131,10 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
   void reseed() {
     engine_.set_current_seed(mix(seed_, offset_));
   }
-  void remember() const {
-    for (const auto& s : snapshots_) {
-      if (s.seed == seed_ && s.offset == offset_) return;
-    }
-    if (snapshots_.size() == kRemembered) snapshots_.pop_front();
-    snapshots_.push_back({seed_, offset_, engine_.get_state().getIntrusivePtr()});
-  }
 
   at::Generator engine_;
   uint64_t seed_;
   uint64_t offset_ = 0;
-  mutable std::deque<Snapshot> snapshots_;
 };
 
 std::once_flag g_defaults_once;

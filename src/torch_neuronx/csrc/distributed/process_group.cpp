@@ -3,7 +3,7 @@
 // same memory, so nothing is copied on the way in or out. The wrapper adds
 // what Gloo lacks (PREMUL_SUM, which FSDP2 uses for gradient division) and
 // counts each collective and the bytes it moved, per process group.
-#include "neuron.h"
+#include "../neuron.h"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -15,22 +15,9 @@
 namespace torch_neuronx {
 namespace {
 
-void drop_storage(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
-
 // A CPU alias that keeps the device storage alive: Gloo may finish the
 // collective on its own thread after the caller let go of the tensor.
-at::Tensor host_view(const at::Tensor& t) {
-  if (!t.defined() || t.device().type() != kNeuron) return t;
-  const auto& storage = t.storage();
-  c10::DataPtr data(storage.mutable_data(), new c10::Storage(storage), &drop_storage,
-                    c10::Device(c10::DeviceType::CPU));
-  c10::Storage alias(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), storage.nbytes(),
-                                                           std::move(data), nullptr, false));
-  auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(alias), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                      t.dtype());
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-  return out;
-}
+at::Tensor host_view(const at::Tensor& t) { return cpu_alias(t, /*keep_alive=*/true); }
 
 std::vector<at::Tensor> host_views(const std::vector<at::Tensor>& ts) {
   std::vector<at::Tensor> out;

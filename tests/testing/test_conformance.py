@@ -7,18 +7,13 @@ with the op that crashed instead of taking pytest down. The full op_db run is
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import opinfo_harness as h  # noqa: E402
+from torch_neuronx.testing import conformance as h
 
 MIN_PASS_RATE = 0.99
-EXPECTED = Path(__file__).resolve().parent / "expected_failures.json"
+EXPECTED = h.EXPECTED_FAILURES
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@
 // boxed fallback runs on the aliased memory; elsewhere it takes the math path
 // as CPU does. Results therefore equal CPU's bit for bit. The choice reads
 // only metadata, so it also answers for FakeTensors while compiling.
-#include "neuron.h"
+#include "../neuron.h"
 
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_fused_sdp_choice_native.h>

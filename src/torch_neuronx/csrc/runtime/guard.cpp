@@ -2,7 +2,7 @@
 // when the call returns, so streams are ordering labels and an event is the
 // moment it was recorded; record, wait, query, synchronize and elapsed_time
 // keep their CUDA meaning under that synchronous model.
-#include "neuron.h"
+#include "../neuron.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -12,8 +12,6 @@
 
 namespace torch_neuronx {
 namespace {
-
-constexpr size_t kMaxDevices = 128;
 
 struct Event {
   c10::DeviceIndex device;
@@ -25,8 +23,13 @@ struct Event {
 std::atomic<c10::StreamId> g_next_stream{1};  // 0 is each core's default stream
 thread_local std::array<c10::StreamId, kMaxDevices> t_current_stream{};
 
-// "neuron" without an index means the calling thread's current core.
-c10::Device resolve(c10::Device d) { return d.has_index() ? d : c10::Device(kNeuron, current_device()); }
+// "neuron" without an index means the calling thread's current core; any
+// other index must name a visible core (it indexes per-core tables).
+c10::Device resolve(c10::Device d) {
+  if (!d.has_index()) return {kNeuron, current_device()};
+  check_index(d.index());
+  return d;
+}
 
 struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kNeuron; }
@@ -55,16 +58,16 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return getNewStream(d, 0); }
   c10::Stream getNewStream(c10::Device d, int) const override {
     d = resolve(d);
-    check_index(d.index());
     return c10::Stream(c10::Stream::UNSAFE, d, g_next_stream.fetch_add(1));
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
+    check_index(s.device_index());
     auto& slot = t_current_stream[s.device_index()];
     const auto old = slot;
     slot = s.id();
     return c10::Stream(c10::Stream::UNSAFE, s.device(), old);
   }
-  c10::DeviceIndex deviceCount() const noexcept override { return device_count_noinit(); }
+  c10::DeviceIndex deviceCount() const noexcept override { return device_count_or_zero(); }
 
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
               const c10::EventFlag flag) const override {
@@ -87,7 +90,7 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   bool queryStream(const c10::Stream&) const override { return true; }
   void synchronizeStream(const c10::Stream&) const override {}
   void synchronizeEvent(void*) const override {}
-  void synchronizeDevice(const c10::DeviceIndex index) const override { check_index(index); }
+  void synchronizeDevice(const c10::DeviceIndex index) const override { check_index(index < 0 ? current_device() : index); }
   void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
 
   double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {

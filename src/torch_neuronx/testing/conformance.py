@@ -29,9 +29,7 @@ import math
 import os
 import re
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from collections import Counter, defaultdict
@@ -41,8 +39,9 @@ from typing import Any
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-HARNESS_PATH = Path(__file__).resolve()
+from torch_neuronx.testing.workers import WorkerPool, serve
+
+EXPECTED_FAILURES = Path(__file__).resolve().with_name("conformance_expected.json")
 
 # The device's dtype set. float64/complex128 are refused by the device (a
 # TypeError, by design: Trainium has no FP64 units), so they are never tested.
@@ -254,12 +253,8 @@ def judge(report: Report, expected: dict[str, str], min_pass_rate: float, ran: I
 
 
 def import_device() -> None:
-    """Registers the neuron device, from the checkout if the package is not installed."""
-    try:
-        import torch_neuronx  # noqa: F401
-    except ImportError:
-        sys.path.insert(0, str(REPO_ROOT / "src"))
-        import torch_neuronx  # noqa: F401
+    """Registers the neuron device (a no-op where ``import torch`` autoloaded it)."""
+    import torch_neuronx  # noqa: F401
 
 
 def op_table() -> dict[str, Any]:
@@ -805,123 +800,29 @@ def run_in_process(
 # --------------------------------------------------------------------------------------------
 
 
-def _write_units(
-    units: Sequence[tuple[str, str]], out_path: str, resume_unit: int, resume_sample: int, threads: int
-) -> None:
-    """Runs units, appending one JSON line per event to `out_path`, flushed at once.
+def _serve_units(task: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The worker's task: run units from ``resume_unit`` (its samples from ``resume_sample``), emitting events.
 
     ``{"begin": u}`` before unit u, ``{"u", "i", "stage"}`` before each risky
-    stage of a sample, one line per sample outcome, ``{"end": u}`` after the
-    unit: from the last lines the parent knows where a crash happened.
+    stage of a sample, one event per sample outcome, ``{"end": u}`` after the
+    unit: from the last events the parent knows where a crash happened.
     """
     global _stage_hook
     import_device()
     table = op_table()
-    with open(out_path, "a", buffering=1) as out, _quiet(threads):
-
-        def write(obj: dict[str, Any]) -> None:
-            out.write(json.dumps(obj) + "\n")
-            out.flush()
-
-        for u in range(resume_unit, len(units)):
+    units = [tuple(u) for u in task["units"]]
+    with _quiet(task["threads"]):
+        for u in range(task["resume_unit"], len(units)):
             name, dname = units[u]
-            write({"begin": u})
+            emit({"begin": u})
             op = table.get(name)
             if op is not None:
-                start = resume_sample if u == resume_unit else 0
-                _stage_hook = lambda i, stage, u=u: write({"u": u, "i": i, "stage": stage})  # noqa: E731
-                run_unit(op, DTYPE_NAMES[dname], lambda o, u=u: write({"u": u, **dataclasses.asdict(o)}), start)
+                start = task["resume_sample"] if u == task["resume_unit"] else 0
+                _stage_hook = lambda i, stage, u=u: emit({"u": u, "i": i, "stage": stage})  # noqa: E731
+                run_unit(op, DTYPE_NAMES[dname], lambda o, u=u: emit({"u": u, **dataclasses.asdict(o)}), start)
                 _stage_hook = None
-            write({"end": u})
-
-
-class _Worker:
-    """A worker process: a fork of this one where that is safe (instant), else a fresh interpreter.
-
-    Forking needs a parent that has not initialised the device (the runtime
-    refuses to run in a fork of an initialised process) and has not started
-    CPU thread pools; the orchestrating process only imports and lists ops.
-    """
-
-    def __init__(self, units_path: Path, units: list[tuple[str, str]], out_path: Path, resume_unit: int,
-                 resume_sample: int, threads: int, fork: bool) -> None:
-        self.stderr_path = out_path.with_suffix(".stderr")
-        self.pid: int | None = None
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.returncode: int | None = None
-        if fork:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:  # the child: never returns into the caller
-                rc = 1
-                try:
-                    err = os.open(self.stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                    os.dup2(err, 2)
-                    null = os.open(os.devnull, os.O_WRONLY)
-                    os.dup2(null, 1)
-                    import faulthandler
-
-                    faulthandler.enable()
-                    _write_units(units, str(out_path), resume_unit, resume_sample, threads)
-                    rc = 0
-                except BaseException:
-                    import traceback
-
-                    traceback.print_exc()
-                finally:
-                    os._exit(rc)
-            self.pid = pid
-        else:
-            cmd = [sys.executable, "-X", "faulthandler", str(HARNESS_PATH), "--worker", str(units_path),
-                   str(out_path), str(resume_unit), str(resume_sample), str(threads)]
-            with open(self.stderr_path, "wb") as err:
-                self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
-
-    def poll(self) -> int | None:
-        if self.returncode is not None:
-            return self.returncode
-        if self.proc is not None:
-            self.returncode = self.proc.poll()
-        else:
-            assert self.pid is not None
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.returncode = self.proc.returncode
-        elif self.pid is not None and self.poll() is None:
-            os.kill(self.pid, signal.SIGKILL)
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
-
-    def stderr(self) -> str:
-        try:
-            return self.stderr_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-
-def can_fork() -> bool:
-    """Whether worker processes may be forks of this one."""
-    if not hasattr(os, "fork") or _in_worker_thread():
-        return False
-    neuron = getattr(torch, "neuron", None)
-    return neuron is None or not neuron.is_initialized()
-
-
-def _describe_exit(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"killed by signal {-rc}"
-    return f"exit status {rc}"
+            emit({"end": u})
+    return {"units": len(units)}
 
 
 def _crash_site(stderr: str) -> str:
@@ -936,75 +837,70 @@ def _crash_site(stderr: str) -> str:
     return frames[0][:200] if frames else ""
 
 
-def _run_chunk(
-    units: list[tuple[str, str]], threads: int, stall_timeout: float, log: Callable[[str], None], fork: bool,
-    max_restarts: int = 500,
-) -> Report:
+@dataclasses.dataclass
+class _Progress:
+    """Where a worker got to, from its events: the unit it was in, the last sample it finished, the stage."""
+
+    report: Report
+    resume_unit: int
+    resume_sample: int
+    current: int = -1
+    last: int = -1
+    stage: str = ""
+    ended: set[int] = dataclasses.field(default_factory=set)
+
+    def on_event(self, ev: dict[str, Any]) -> None:
+        if "begin" in ev:
+            self.current, self.stage = ev["begin"], "sample generation"
+            self.last = self.resume_sample - 1 if ev["begin"] == self.resume_unit else -1
+        elif "end" in ev:
+            self.ended.add(ev["end"])
+            self.report.units += 1
+        elif "stage" in ev:
+            self.stage = f"sample {ev['i']}: {ev['stage']}"
+        else:
+            self.report.add(Outcome(**{k: v for k, v in ev.items() if k in _OUTCOME_FIELDS}))
+            self.last, self.stage = max(self.last, ev["index"]), ""
+
+
+_OUTCOME_FIELDS = {f.name for f in dataclasses.fields(Outcome)}
+
+
+def _run_chunk(pool: WorkerPool, units: list[tuple[str, str]], threads: int, log: Callable[[str], None],
+               max_restarts: int = 500) -> Report:
     """Runs units in a worker, restarting it after each crash just past the sample that crashed."""
     report = Report()
-    fields = {f.name for f in dataclasses.fields(Outcome)}
-    with tempfile.TemporaryDirectory(prefix="opinfo-") as tmp:
-        units_path = Path(tmp) / "units.json"
-        units_path.write_text(json.dumps(units))
-        resume_unit, resume_sample, restarts = 0, 0, 0
-        while resume_unit < len(units):
-            out_path = Path(tmp) / f"out-{resume_unit}-{resume_sample}.jsonl"
-            out_path.touch()
-            worker = _Worker(units_path, units, out_path, resume_unit, resume_sample, threads, fork)
-            stalled = False
-            last_size, last_change = -1, time.monotonic()
-            while worker.poll() is None:
-                time.sleep(0.05 if fork else 0.5)
-                size = out_path.stat().st_size
-                if size != last_size:
-                    last_size, last_change = size, time.monotonic()
-                elif time.monotonic() - last_change > stall_timeout:
-                    stalled = True
-                    worker.kill()
-            rc = worker.poll()
-            assert rc is not None
-
-            current, last_index, stage, ended = -1, -1, "", set()
-            for line in out_path.read_text().splitlines():
-                try:
-                    ev = json.loads(line)
-                except json.JSONDecodeError:  # the line a crash cut short
-                    continue
-                if "begin" in ev:
-                    current, stage = ev["begin"], "sample generation"
-                    last_index = resume_sample - 1 if current == resume_unit else -1
-                elif "end" in ev:
-                    ended.add(ev["end"])
-                    report.units += 1
-                elif "stage" in ev:
-                    stage = f"sample {ev['i']}: {ev['stage']}"
-                else:
-                    report.add(Outcome(**{k: v for k, v in ev.items() if k in fields}))
-                    last_index, stage = max(last_index, ev["index"]), ""
-            if rc == 0 and not stalled:
-                break
-            restarts += 1
-            stderr = worker.stderr()
-            if current < 0 or current in ended:
-                # died outside any unit (startup, import): nothing to pin it on, move on
-                tail = stderr.strip().splitlines()[-1:] or [""]
-                report.notes.append(f"worker died outside a unit ({_describe_exit(rc)}): {tail[0][:200]}")
-                resume_unit, resume_sample = max(current + 1, resume_unit + (current < 0)), 0
-            else:
-                name, dname = units[current]
-                crash_index = last_index + 1
-                why = f"no progress for {stall_timeout:.0f}s" if stalled else _describe_exit(rc)
-                site = _crash_site(stderr)
-                on_cpu = ": cpu" in stage  # the reference itself died: not the device's failure
-                report.add(Outcome(name, dname, crash_index, CPU_FAIL if on_cpu else FAIL, phase="worker",
-                                   category="timeout" if stalled else "crash",
-                                   exc_type="Timeout" if stalled else "Crash",
-                                   message=f"{why} during {stage or 'the unit'}" + (f" at {site}" if site else "")))
-                log(f"  {name} [{dname}] {stage}: {why}")
-                resume_unit, resume_sample = current, crash_index + 1
-            if restarts >= max_restarts:
-                report.notes.append(f"gave up on the chunk after {restarts} worker restarts")
-                break
+    resume_unit, resume_sample, restarts = 0, 0, 0
+    while resume_unit < len(units):
+        progress = _Progress(report, resume_unit, resume_sample)
+        task = {"units": units, "resume_unit": resume_unit, "resume_sample": resume_sample, "threads": threads}
+        result = pool.run(task, timeout=float("inf"), on_event=progress.on_event)
+        if result.ok:
+            break
+        restarts += 1
+        if result.status == "error":  # the harness itself failed outside any sample
+            report.notes.append(f"worker error: {result.message.splitlines()[0][:200]}")
+            break
+        if progress.current < 0 or progress.current in progress.ended:
+            # died outside any unit (startup, import): nothing to pin it on, move on
+            tail = result.stderr_tail.strip().splitlines()[-1:] or [""]
+            report.notes.append(f"worker died outside a unit ({result.message}): {tail[0][:200]}")
+            resume_unit, resume_sample = max(progress.current + 1, resume_unit + (progress.current < 0)), 0
+        else:
+            name, dname = units[progress.current]
+            crash_index = progress.last + 1
+            stalled = result.status in ("stall", "timeout")
+            site = _crash_site(result.stderr_tail)
+            where = f"{result.message} during {progress.stage or 'the unit'}" + (f" at {site}" if site else "")
+            on_cpu = ": cpu" in progress.stage  # the reference itself died: not the device's failure
+            report.add(Outcome(name, dname, crash_index, CPU_FAIL if on_cpu else FAIL, phase="worker",
+                               category="timeout" if stalled else "crash",
+                               exc_type="Timeout" if stalled else "Crash", message=where))
+            log(f"  {name} [{dname}] {progress.stage}: {result.message}")
+            resume_unit, resume_sample = progress.current, crash_index + 1
+        if restarts >= max_restarts:
+            report.notes.append(f"gave up on the chunk after {restarts} worker restarts")
+            break
     return report
 
 
@@ -1014,27 +910,22 @@ def run_in_subprocesses(
     threads: int = 1,
     stall_timeout: float = STALL_TIMEOUT_S,
     log: Callable[[str], None] = lambda s: None,
-    fork: bool | None = None,
 ) -> Report:
-    """Runs the units in worker processes of about `chunk_ops` OpInfos each, one at a time."""
-    if fork is None:
-        fork = can_fork()
-    if fork:
-        # the workers inherit the op table instead of each importing it again
-        import_device()
-        op_table()
-        torch.set_num_threads(max(threads, 1))
+    """Runs the units in a worker process (torch_neuronx.testing.workers), chunks of about `chunk_ops` OpInfos
+    at a time; a crash or a stall costs the sample it happened in, and the run goes on past it."""
     by_op: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for u in units:
         by_op[u[0]].append(u)
     ops = list(by_op)
     report = Report()
     began = time.perf_counter()
-    for c in range(0, len(ops), max(1, chunk_ops)):
-        chunk = [u for name in ops[c : c + chunk_ops] for u in by_op[name]]
-        log(f"ops {c + 1}-{min(c + chunk_ops, len(ops))} of {len(ops)} ({len(chunk)} op/dtype units), "
-            f"{time.perf_counter() - began:.0f}s")
-        report.merge(_run_chunk(chunk, threads, stall_timeout, log, fork))
+    argv = [sys.executable, "-X", "faulthandler", "-m", "torch_neuronx.testing.conformance", "--worker"]
+    with WorkerPool(argv, stall_timeout=stall_timeout) as pool:
+        for c in range(0, len(ops), max(1, chunk_ops)):
+            chunk = [u for name in ops[c : c + chunk_ops] for u in by_op[name]]
+            log(f"ops {c + 1}-{min(c + chunk_ops, len(ops))} of {len(ops)} ({len(chunk)} op/dtype units), "
+                f"{time.perf_counter() - began:.0f}s")
+            report.merge(_run_chunk(pool, chunk, threads, log))
     report.seconds = time.perf_counter() - began
     return report
 
@@ -1113,6 +1004,5 @@ def to_markdown(report: Report, verdict: Verdict, title: str = "OpInfo conforman
     return "\n".join(lines)
 
 
-if __name__ == "__main__" and len(sys.argv) == 7 and sys.argv[1] == "--worker":
-    _write_units(json.loads(Path(sys.argv[2]).read_text()), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
-                 int(sys.argv[6]))
+if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
+    serve(_serve_units)

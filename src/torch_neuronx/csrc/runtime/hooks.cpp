@@ -1,5 +1,5 @@
 // The PrivateUse1 hooks: what ATen asks a backend it cannot see into.
-#include "neuron.h"
+#include "../neuron.h"
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 
@@ -11,9 +11,9 @@ namespace {
 struct Hooks final : at::PrivateUse1HooksInterface {
   void init() const override { runtime(); }
   bool isBuilt() const override { return true; }
-  bool isAvailable() const override { return !in_bad_fork() && device_count_noinit() > 0; }
+  bool isAvailable() const override { return !in_bad_fork(); }  // emulated cores always exist
   bool hasPrimaryContext(c10::DeviceIndex index) const override { return is_initialized(); }
-  c10::DeviceIndex deviceCount() const override { return device_count_noinit(); }
+  c10::DeviceIndex deviceCount() const override { return device_count_or_zero(); }
   void setCurrentDevice(c10::DeviceIndex index) const override { set_current_device(index); }
   c10::DeviceIndex getCurrentDevice() const override { return current_device(); }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex index) const override {
@@ -41,6 +41,8 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
     auto* impl = storage.unsafeGetStorageImpl();
     TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
+    TORCH_CHECK_VALUE(static_cast<int64_t>(newsize) >= 0, "a storage size must be a non-negative number of bytes, got ",
+                      static_cast<int64_t>(newsize));
     const auto index = impl->device().index();
     c10::DataPtr fresh = allocate_on(index, newsize);
     const size_t keep = std::min(newsize, impl->nbytes());

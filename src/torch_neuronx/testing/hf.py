@@ -1,24 +1,27 @@
-"""Tiny Hugging Face artefacts made on the spot: a tokenizer, a Llama config, a learnable text corpus.
+"""Tiny Hugging Face artefacts made on the spot: a toy corpus, a tokenizer trained on it, Llama models, a Flux pipeline.
 
-Nothing is downloaded: the tokenizer is trained in memory with `tokenizers`,
-models are random-initialised from configs, datasets are in-memory lists.
+Nothing is downloaded: the tokenizer is trained in memory with ``tokenizers``,
+models are random-initialised (seeded) from configs, datasets are in-memory
+lists. The tests, the examples, the benchmarks and the tools all build their
+models here.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 WORDS = "the cat sat on mat dog ran to park bird flew over tree".split()
-SPECIALS = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]  # ids 0..3, matching the config below
+SPECIALS = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]  # ids 0..3, matching the configs below
 
 
 def corpus(n: int, words_per_text: int = 24) -> list[str]:
-    """A learnable toy language: each text walks the word cycle from a different start."""
+    """A learnable toy language: each text walks the word cycle from a different start (~25 tokens a text)."""
     return [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(words_per_text)) for i in range(n)]
 
 
 def tokenizer() -> Any:
-    """A word-level tokenizer trained on `corpus`, wrapped as a transformers tokenizer."""
+    """A word-level tokenizer trained on :func:`corpus`, as a transformers tokenizer; ids 0-3 are the specials."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -29,20 +32,30 @@ def tokenizer() -> Any:
                                    bos_token="[BOS]", eos_token="[EOS]")
 
 
-def llama_config(max_positions: int = 256, layers: int = 2) -> Any:
+def llama_config(max_positions: int = 256, layers: int = 2, hidden: int = 64, heads: int = 4,
+                 kv_heads: int = 2, vocab: int = 256) -> Any:
+    """A tiny Llama (GQA: 4 query heads, 2 key/value heads) over the tokenizer's ids."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-                       pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                       num_attention_heads=heads, num_key_value_heads=kv_heads,
+                       max_position_embeddings=max_positions, pad_token_id=0, bos_token_id=2, eos_token_id=3)
 
 
-def llama(max_positions: int = 256, seed: int = 0, layers: int = 2) -> Any:
+def llama(max_positions: int = 256, seed: int = 0, **sizes: int) -> Any:
+    """A random tiny Llama (seeded: every call with the same arguments gives the same weights)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(llama_config(max_positions, layers))
+    return AutoModelForCausalLM.from_config(llama_config(max_positions, **sizes))
+
+
+def save_checkpoint(path: str | Path, max_positions: int = 256, **sizes: int) -> Path:
+    """The tokenizer and a tiny Llama saved to `path`, as a Hub checkpoint would be."""
+    tokenizer().save_pretrained(path)
+    llama(max_positions, **sizes).save_pretrained(path)
+    return Path(path)
 
 
 def flux_parts() -> dict[str, Any]:

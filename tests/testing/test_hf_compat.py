@@ -1,35 +1,21 @@
-"""The CI subset of scripts/hf_compat_report.py: every architecture that runs on CPU matches on neuron."""
+"""The CI subset of the Hugging Face compatibility report: every architecture that runs on CPU matches on neuron."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "hf_compat_report.py"
+from torch_neuronx.testing.hf_compat import configs, report
+
 COMPILED_IN_TEST = {"llama", "gpt2", "bloom"}
-
-
-def _load_report() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("hf_compat_report", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module through sys.modules
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def ci_rows() -> tuple[list[dict], bool]:
-    report = _load_report()
     # "auto": the worker, a fresh interpreter, compiles if `import torch` registered the backend (it does).
     # A cold compile costs 20-40 s per architecture on a 2-core runner, so the
     # test compiles three position schemes (RoPE+GQA, learned, ALiBi); the
     # script's `--subset ci` compiles all ten.
-    return report.run_report(report.CI_SUBSET, compiled_mode="auto", timeout=300,
+    return report.run_report(configs.CI_SUBSET, compiled_mode="auto", timeout=300,
                              compile_only=COMPILED_IN_TEST)
 
 

@@ -1,7 +1,7 @@
 // The kernels the device needs of its own (as in PyTorch's OpenReg backend):
 // allocation, copies across the device boundary, resizing, metadata views.
 // Every other op reaches the boxed fallback.
-#include "neuron.h"
+#include "aten.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Dispatch.h>
@@ -56,8 +56,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   const auto on_device = [](const at::Tensor& t) { return t.device().type() == kNeuron; };
   TORCH_CHECK(on_device(self) || self.is_cpu(), "copy between neuron and ", self.device(), " is not supported");
   TORCH_CHECK(on_device(dst) || dst.is_cpu(), "copy between neuron and ", dst.device(), " is not supported");
-  at::Tensor src = on_device(self) ? cpu_alias(self) : self;
-  at::Tensor out = on_device(dst) ? cpu_alias(dst) : dst;
+  HostAliases aliases;  // source and destination views of one storage share one alias: overlap is detected
+  at::Tensor src = on_device(self) ? aliases(self) : self;
+  at::Tensor out = on_device(dst) ? aliases(dst) : dst;
   out.copy_(src, non_blocking);
   return dst;
 }
@@ -136,6 +137,7 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
                                     c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
                                     c10::IntArrayRef output_padding, int64_t groups) {
   const auto index = input.device().index();
+  KernelAllocationScope scope(index);
   auto out = at::convolution(cpu_alias(input), cpu_alias(weight), alias_or_undefined(bias), stride, padding,
                              dilation, transposed, output_padding, groups);
   return to_device(out.contiguous(), index);
@@ -146,6 +148,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
     c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding,
     int64_t groups, std::array<bool, 3> output_mask) {
   const auto index = input.device().index();
+  KernelAllocationScope scope(index);
   const int64_t out_channels = transposed ? weight.size(1) * groups : weight.size(0);
   const std::vector<int64_t> bias_sizes{out_channels};
   auto [gi, gw, gb] = at::convolution_backward(
@@ -181,9 +184,10 @@ at::Tensor& dropout_(at::Tensor& input, double p, bool train) {
 // CUDA counts integer tensors too, into a histogram of the input's dtype; the
 // CPU kernel takes floating types only. MoE routers depend on it
 // (transformers' grouped_mm experts run histc on int32 expert ids off CPU).
-// CUDA's arithmetic, in the input type and 64-bit accumulators: bounds
-// truncated to the type, min == max means the data's range, a bin is
-// (v - min) * bins / (max - min) in integers, max falls in the last bin.
+// CUDA's arithmetic: bounds truncated to the type, min == max means the
+// data's range, a bin is (v - min) * bins / (max - min) in integers, max
+// falls in the last bin. The product is formed in 128 bits, so int64 values
+// over a wide range cannot overflow it, and the bin is clamped.
 template <typename T>
 at::Tensor histc_integral(const at::Tensor& self, int64_t bins, const c10::Scalar& min, const c10::Scalar& max) {
   const at::Tensor data = cpu_alias(self).contiguous();
@@ -200,13 +204,12 @@ at::Tensor histc_integral(const at::Tensor& self, int64_t bins, const c10::Scala
   at::Tensor hist = at::zeros({bins}, data.options());
   T* counts = hist.data_ptr<T>();
   const T* values = data.const_data_ptr<T>();
-  const int64_t low = lo, width = static_cast<int64_t>(hi) - low;
+  const __int128 low = lo, high = hi, width = high - low;
   for (int64_t i = 0, n = data.numel(); i < n; ++i) {
-    const int64_t v = values[i];
-    if (v < low || v > static_cast<int64_t>(hi)) continue;
-    int64_t bin = (v - low) * bins / width;
-    if (bin == bins) --bin;
-    ++counts[bin];
+    const __int128 v = values[i];
+    if (v < low || v > high) continue;
+    const __int128 bin = (v - low) * bins / width;
+    ++counts[static_cast<int64_t>(std::min<__int128>(bin, bins - 1))];
   }
   return hist;
 }
@@ -214,6 +217,7 @@ at::Tensor histc_integral(const at::Tensor& self, int64_t bins, const c10::Scala
 at::Tensor histc_kernel(const at::Tensor& self, int64_t bins, const c10::Scalar& min, const c10::Scalar& max) {
   TORCH_CHECK(bins > 0, "bins must be > 0, but got ", bins);
   const auto index = self.device().index();
+  KernelAllocationScope scope(index);
   if (!c10::isIntegralType(self.scalar_type(), /*includeBool=*/false)) {
     return to_device(at::histc(cpu_alias(self), bins, min, max), index);
   }
@@ -231,6 +235,14 @@ at::Tensor& histc_out(const at::Tensor& self, int64_t bins, const c10::Scalar& m
   at::native::resize_output(out, hist.sizes());
   out.copy_(hist);
   return out;
+}
+
+// Tensor.record_stream: the storage's block is not reused by its own stream
+// until the other stream is done with it (the caching allocator's rule).
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == kNeuron, "record_stream: expected a neuron stream, got one on ",
+              stream.device());
+  device_allocator()->recordStream(self.storage().data_ptr(), stream);
 }
 
 // c10 treats CPU and CUDA tensors as interchangeable behind one Variable
@@ -255,7 +267,6 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("dropout", torch_neuronx::dropout);
   m.impl("dropout_", torch_neuronx::dropout_);
-  m.impl("_has_compatible_shallow_copy_type", torch_neuronx::has_compatible_shallow_copy_type);
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -280,6 +291,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("histc", histc_kernel);
   m.impl("histc.out", histc_out);
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
+  m.impl("record_stream", record_stream);
 }
 
 // Copies resolve the conjugate and negative bits themselves (the CPU copy

@@ -1,0 +1,45 @@
+"""Timing for the benchmarks: side by side in one run, as ratios, because these machines are shared and noisy.
+
+Variants are timed in alternating rounds (the order rotates each round), so
+the machine's noise hits every variant alike; medians are reported, and the
+ratio of medians is the figure that goes into the docs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+def timed(fn: Callable[[], object], inner: int) -> float:
+    """Seconds per call of `fn`, over `inner` calls."""
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    return (time.perf_counter() - t0) / inner
+
+
+def interleaved(steps: dict[str, Callable[[], object]], rounds: int, inner: int,
+                warmup: int = 2) -> dict[str, list[float]]:
+    """Seconds per call of each step, one sample per round, the steps' order rotating round by round."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    names = list(steps)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            samples[name].append(timed(steps[name], inner))
+    return samples
+
+
+def medians(samples: dict[str, list[float]]) -> dict[str, float]:
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def side_by_side(cpu: Callable[[], object], dev: Callable[[], object], inner: int, reps: int) -> tuple[float, float]:
+    """Median seconds per call of a CPU and a neuron variant, timed in alternating rounds."""
+    m = medians(interleaved({"cpu": cpu, "neuron": dev}, reps, inner, warmup=1))
+    return m["cpu"], m["neuron"]

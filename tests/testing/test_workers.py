@@ -1,0 +1,68 @@
+"""The shared process runner (torch_neuronx.testing.workers): results, crashes, hangs and stalls, and deadlines."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from torch_neuronx.testing.workers import WorkerPool, run_processes
+
+WORKER = r"""
+import os, sys, time
+from torch_neuronx.testing.workers import serve
+
+def handle(task, emit):
+    kind = task["kind"]
+    print("stray output must not break the protocol")
+    if kind == "square":
+        emit({"step": 1})
+        return task["x"] ** 2
+    if kind == "raise":
+        raise ValueError("bad task")
+    if kind == "crash":
+        emit({"step": "before the crash"})
+        os.abort()
+    if kind == "hang":
+        emit({"step": "then silence"})
+        time.sleep(600)
+    if kind == "slow":
+        for i in range(6):
+            emit({"tick": i})
+            time.sleep(0.5)
+        return "done"
+serve(handle)
+"""
+
+
+def test_pool_results_errors_crashes_and_hangs() -> None:
+    with WorkerPool([sys.executable, "-c", WORKER], stall_timeout=3.0) as pool:
+        events: list[dict] = []
+        ok = pool.run({"kind": "square", "x": 7}, timeout=60, on_event=events.append)
+        assert ok.ok and ok.value == 49 and events == [{"step": 1}]
+        err = pool.run({"kind": "raise"}, timeout=60)
+        assert err.status == "error" and "ValueError: bad task" in err.message
+        assert pool.run({"kind": "square", "x": 3}, timeout=60).value == 9  # the same worker goes on
+        crash = pool.run({"kind": "crash"}, timeout=60)
+        assert crash.status == "crash" and "SIGABRT" in crash.message
+        assert crash.events == [{"step": "before the crash"}]
+        assert "Fatal Python error" in crash.stderr_tail  # faulthandler's dump comes back
+        start = time.monotonic()
+        hang = pool.run({"kind": "hang"}, timeout=60)
+        assert hang.status == "stall" and time.monotonic() - start < 30
+        # Progress keeps a task alive past the stall timeout; its own timeout still holds.
+        assert pool.run({"kind": "slow"}, timeout=60).value == "done"
+        late = pool.run({"kind": "hang"}, timeout=2.0)
+        assert late.status == "timeout"
+        assert pool.run({"kind": "square", "x": 2}, timeout=60).value == 4  # a fresh worker after each loss
+        assert pool.restarts == 3
+
+
+def test_run_processes_kills_at_the_deadline(tmp_path: Path) -> None:
+    quick = ([sys.executable, "-c", "print('hi')"], {})
+    stuck = ([sys.executable, "-c", "import time; time.sleep(600)"], {"EXTRA": "1"})
+    start = time.monotonic()
+    a, b = run_processes([quick, stuck], tmp_path, timeout=5)
+    assert time.monotonic() - start < 30
+    assert a.rc == 0 and a.out.strip() == "hi" and not a.timed_out
+    assert b.timed_out and b.rc != 0
