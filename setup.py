@@ -10,6 +10,7 @@ from setuptools import setup
 os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
 
 try:
+    import torch
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 except ImportError as exc:  # pragma: no cover - guidance for a wrong install
     raise SystemExit(
@@ -26,7 +27,10 @@ setup(
         CppExtension(
             name="torch_neuronx._C",
             sources=sources,
-            extra_compile_args=["-O2", "-fvisibility=hidden"],
+            # USE_KINETO: the PrivateUse1 activity profiler (csrc/runtime/profiler.cpp) includes Kineto's
+            # headers, which torch ships; FMT_HEADER_ONLY: they format with fmt, which torch does not export.
+            extra_compile_args=["-O2", "-fvisibility=hidden", "-DUSE_KINETO", "-DFMT_HEADER_ONLY"],
+            include_dirs=[os.path.join(os.path.dirname(torch.__file__), "include", "kineto")],
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},

@@ -104,7 +104,7 @@ def step():
 start = time.perf_counter()
 step()
 print(json.dumps({"first_step_s": time.perf_counter() - start,
-                  "cache": torch.neuron.get_dynamo_metrics()["cache"]}))
+                  "cache": torch_neuronx.compile.metrics.snapshot()["cache"]}))
 """
 
 

@@ -1,4 +1,5 @@
-"""The package's dependencies run one way: runtime <- device <- {compile, distributed} <- {tools, testing}.
+"""The package's dependencies run one way: runtime <- metrics <- device <- {compile, distributed} <- profiling
+<- {tools, testing}.
 
 Every import in every module (function-level ones included) is checked
 against the layer it belongs to; the C++ core (`_C`) and `patches` (PyTorch
@@ -18,11 +19,13 @@ PACKAGE = Path(torch_neuronx.__file__).resolve().parent
 ALLOWED: dict[str, set[str]] = {
     "runtime": set(),
     "patches": set(),
+    "metrics": {"runtime"},
     "device": {"runtime"},
-    "compile": {"runtime", "device"},
+    "compile": {"runtime", "metrics", "device"},
     "distributed": {"runtime", "device"},
-    "tools": {"runtime", "device", "compile", "distributed", "testing"},
-    "testing": {"runtime", "device", "compile", "distributed"},
+    "profiling": {"runtime", "device", "distributed"},
+    "tools": {"runtime", "metrics", "device", "compile", "distributed", "profiling", "testing"},
+    "testing": {"runtime", "metrics", "device", "compile", "distributed", "profiling"},
 }
 BELOW_ALL = {"_C", "patches"}
 

@@ -19,13 +19,24 @@ def test_patches_target_this_torch() -> None:
 
 
 def test_tensor_printing_of_neuron_tensors() -> None:
+    import torch_neuronx
+
+    torch_neuronx.clear_op_tracking()
     x = torch.tensor([1.5, -2.25, 3.0], device="neuron")
     assert str(x) == "tensor([ 1.5000, -2.2500,  3.0000], device='neuron:0')"
     assert "bfloat16" in repr(x.bfloat16())
+    big = torch.arange(5000, dtype=torch.float32).reshape(50, 100)
+    assert repr(big.to("neuron")) == repr(big)[:-1] + ", device='neuron:0')"
+    wide = torch.tensor([1 / 3, 1e-20], dtype=torch.float64)
+    assert repr(wide.to("neuron")) == "tensor([3.3333e-01, 1.0000e-20], device='neuron:0', dtype=torch.float64)"
+    # Printing is not the user's work: no float64 op runs on the device, so nothing counts as a fallback.
+    assert torch_neuronx.get_fallback_ops() == []
 
 
 def test_tensor_printing_still_has_no_device_hook() -> None:
-    source = inspect.getsource(patches.ORIGINALS["tensor_totype"])
+    import torch._tensor_str as tensor_str
+
+    source = inspect.getsource(tensor_str.tensor_totype)
     # torch still decides by a fixed list of device types, and asks no device module.
     assert "mps" in source and "privateuse1" not in source.lower() and "get_device_module" not in source
 
@@ -68,3 +79,39 @@ def test_init_process_group_without_backend_serves_cpu_and_neuron() -> None:
     out = subprocess.run([sys.executable, "-c", PATCHED], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-2:] == ["neuron", "[1.0, 1.0]"]
+
+
+def test_flex_attention_still_refuses_unknown_devices() -> None:
+    torch.empty(1, device="neuron")  # the device initialises: the flex patch is applied then
+    import torch.nn.attention.flex_attention as flex_module
+
+    assert getattr(flex_module._validate_device, "_neuron_aware", False)
+    source = inspect.getsource(patches.ORIGINALS["flex_validate_device"])
+    # torch still checks a fixed set of device types, with no registration to extend it.
+    assert "supported_devices" in source and "privateuse1" not in source.lower()
+    meta = torch.empty(1, 2, 4, 8, device="meta")
+    try:
+        patches.ORIGINALS["flex_validate_device"](meta, meta, meta)
+    except ValueError as exc:
+        assert "only supported on" in str(exc)
+    else:
+        raise AssertionError("torch's flex_attention now accepts other devices: drop patch_flex_attention")
+
+
+def test_flex_marking_is_dynamos_assume_constant_result() -> None:
+    # compile.flex_support is marked as torch._dynamo.assume_constant_result would, without importing Dynamo.
+    import torch._dynamo
+
+    def probe() -> None: ...
+
+    marked = torch._dynamo.assume_constant_result(probe)
+    assert vars(marked) == {"_dynamo_marked_constant": True}
+
+
+def test_flex_lowering_still_sends_other_devices_to_triton() -> None:
+    from torch_neuronx.compile import flex
+
+    flex.install()
+    source = inspect.getsource(patches.ORIGINALS["flex_attention_lowering"])
+    assert 'get_device().type == "cpu"' in source and "lower_cpu" in source
+    assert "cuda path if device is not cpu or mps" in source

@@ -4,9 +4,18 @@
 autoload entry point) registers the ``neuron`` device: ``torch.device("neuron")``
 tensors with their own memory, every ATen op eagerly, and ``torch.neuron``.
 Nothing touches the emulated hardware until the device is first used.
+
+The package's top level is TorchNeuron's: device, stream and memory functions
+(the same functions as ``torch.neuron``'s), op tracking
+(:func:`get_fallback_ops`, :func:`get_executed_ops`, :func:`clear_op_tracking`),
+compile metrics, :mod:`torch_neuronx.metrics`, and profiling
+(:mod:`torch_neuronx.profiling`, :class:`NeuronProfiler`). docs/torchneuron.md
+lists every name with its TorchNeuron source.
 """
 
 from __future__ import annotations
+
+import functools
 
 
 # Defined before `import torch`: when this package is imported first, torch's
@@ -40,6 +49,9 @@ def _register() -> None:
     patches.apply()
     _C._route_structured_ops()
     from torch_neuronx import compile, distributed
+
+    # Flex attention needs neuron tensors: patched when the device initialises, not at import.
+    device._lazy._lazy_call(functools.partial(patches.patch_flex_attention, compile.flex_support))
     from torch_neuronx.tools import log, op_tracker
 
     compile._register()
@@ -51,5 +63,54 @@ def _register() -> None:
 if not hasattr(torch, "neuron"):
     _register()
 
+# TorchNeuron's top level: where torch.neuron has the name, the very same function.
+from torch_neuronx.compile import get_dynamo_metrics, reset_dynamo_metrics  # noqa: E402
+from torch_neuronx.device import (  # noqa: E402
+    Event,
+    Stream,
+    current_device,
+    current_stream,
+    default_stream,
+    device,
+    device_count,
+    empty_cache,
+    get_device_properties,
+    max_memory_allocated,
+    max_memory_reserved,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    memory_summary,
+    reset_accumulated_memory_stats,
+    reset_peak_memory_stats,
+    set_device,
+    set_stream,
+    stream,
+    synchronize,
+)
+from torch_neuronx.device import is_initialized as is_neuron_runtime_initialized  # noqa: E402
+from torch_neuronx.tools.nki import nki_op, wrap_nki  # noqa: E402
+from torch_neuronx.tools.op_tracker import clear_op_tracking, get_executed_ops, get_fallback_ops  # noqa: E402
 
-__all__ = ["__version__", "runtime"]
+
+def __getattr__(name: str) -> object:
+    # Submodules with more behind them load on first use: ``import torch`` stays cheap.
+    if name in ("metrics", "profiling", "check"):
+        import importlib
+
+        return importlib.import_module(f"torch_neuronx.{name}")
+    if name == "NeuronProfiler":
+        from torch_neuronx.profiling import NeuronProfiler
+
+        return NeuronProfiler
+    raise AttributeError(f"module 'torch_neuronx' has no attribute {name!r}")
+
+
+__all__ = [
+    "Event", "NeuronProfiler", "Stream", "__version__", "clear_op_tracking", "current_device", "current_stream",
+    "default_stream", "device", "device_count", "empty_cache", "get_device_properties", "get_dynamo_metrics",
+    "get_executed_ops", "get_fallback_ops", "is_neuron_runtime_initialized", "max_memory_allocated",
+    "max_memory_reserved", "memory_allocated", "memory_reserved", "memory_stats", "memory_summary", "metrics",
+    "nki_op", "profiling", "reset_accumulated_memory_stats", "reset_dynamo_metrics", "reset_peak_memory_stats",
+    "runtime", "set_device", "set_stream", "stream", "synchronize", "wrap_nki",
+]

@@ -32,27 +32,31 @@ def apply() -> None:
 
 
 # ---------------------------------------------------------------- printing
-# torch._tensor_str.tensor_totype widens values to float64 to choose a print
-# format, except on the devices it lists as lacking FP64 (MPS, MAIA, some
-# XPUs); the list has no registration hook. Neuron lacks FP64 too, and refuses
-# float64 tensors, so printing a neuron tensor would fail: widen neuron
-# tensors to float32 instead, as torch does for MPS.
+# torch._tensor_str formats a tensor by running ops on it where it lives
+# (masked_select, abs, ceil, ...) after widening it to float64, except on the
+# devices it lists as lacking FP64 (MPS, MAIA, some XPUs); the list has no
+# registration hook. On neuron those float64 ops are CPU fallbacks, so
+# printing a tensor would report fallbacks and warn. Format a host copy of
+# neuron tensors instead: the text is exactly the CPU's, and the device suffix
+# still comes from the tensor itself (torch._tensor_str._str_intern).
 # Test: test_tensor_printing_still_has_no_device_hook.
 
 
 def patch_tensor_printing() -> None:
     import torch._tensor_str as tensor_str
 
-    widen = tensor_str.tensor_totype
-    if getattr(widen, "_neuron_aware", False):
+    format_data = tensor_str._tensor_str
+    if getattr(format_data, "_neuron_aware", False):
         return
-    ORIGINALS["tensor_totype"] = widen
+    ORIGINALS["_tensor_str"] = format_data
 
-    def tensor_totype(t: torch.Tensor) -> torch.Tensor:
-        return t.to(dtype=torch.float) if t.device.type == BACKEND else widen(t)
+    def _tensor_str(self: torch.Tensor, indent: int) -> str:
+        if self.device.type == BACKEND:
+            self = self.detach().cpu()
+        return format_data(self, indent)
 
-    tensor_totype._neuron_aware = True  # type: ignore[attr-defined]
-    tensor_str.tensor_totype = tensor_totype
+    _tensor_str._neuron_aware = True  # type: ignore[attr-defined]
+    tensor_str._tensor_str = _tensor_str
 
 
 # ---------------------------------------------------------------- c10d default
@@ -134,3 +138,117 @@ def patch_inductor_reindexing() -> None:
 def _on_neuron(node: Any) -> bool:
     device = node.get_device()
     return device is not None and device.type == BACKEND
+
+
+# ---------------------------------------------------------------- FlexAttention
+# torch.nn.attention.flex_attention._validate_device accepts a fixed set of
+# device types ({"cuda", "cpu", "xpu", "hpu", "mps"}, a local literal) and
+# raises for any other: no registration reaches it. The HOP underneath runs
+# on any device (its dense forward and backward never look at the device),
+# so neuron tensors are let through; the CPU-only refusal of backward is not
+# copied, because neuron's backward works (the dense one, or the compiled
+# rewrite in compile/flex.py). When Dynamo traces a flex call on neuron, the
+# check also adds compile/flex.py's pass to Inductor, at trace time, through
+# torch_neuronx.compile.flex_support (marked as Dynamo's
+# assume_constant_result marks functions, so Dynamo calls it while tracing
+# rather than tracing into it).
+# Queued by torch_neuronx/__init__.py to run when the device initialises:
+# flex needs neuron tensors, and importing the module at `import torch` would
+# cost every process.
+# Test: test_flex_attention_still_refuses_unknown_devices.
+#
+# The HOP also has autocast kernels for CPU and CUDA only, and does not fall
+# through AutocastPrivateUse1, so under torch.autocast("neuron") it found no
+# kernel. That one is a registration (py_impl), not a patch: it casts q, k, v
+# to the autocast dtype as the CPU/CUDA kernels do.
+
+
+def patch_flex_attention(compile_support: Callable[[], object]) -> None:
+    """`compile_support` runs when Dynamo traces a neuron flex call (compile.flex_support: adds the pass)."""
+    import torch.nn.attention.flex_attention as flex_module
+    from torch._C import DispatchKey
+    from torch._higher_order_ops.flex_attention import flex_attention as flex_hop
+
+    if DispatchKey.AutocastPrivateUse1 not in flex_hop.py_kernels:
+        flex_hop.py_impl(DispatchKey.AutocastPrivateUse1)(_flex_attention_autocast)
+
+    original = flex_module._validate_device
+    if getattr(original, "_neuron_aware", False):
+        return
+    ORIGINALS["flex_validate_device"] = original
+
+    @functools.wraps(original)
+    def _validate_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        if query.device.type != BACKEND:
+            return original(query, key, value)
+        if torch.compiler.is_compiling():
+            compile_support()
+        return None
+
+    _validate_device._neuron_aware = True  # type: ignore[attr-defined]
+    flex_module._validate_device = _validate_device
+
+
+def _flex_attention_autocast(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any,
+                             **kwargs: Any) -> Any:
+    from torch._C import DispatchKey, DispatchKeySet, _ExcludeDispatchKeyGuard
+    from torch._higher_order_ops.flex_attention import flex_attention as flex_hop
+
+    dtype = torch.get_autocast_dtype(query.device.type)
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
+
+    with _ExcludeDispatchKeyGuard(DispatchKeySet(DispatchKey.AutocastPrivateUse1)):
+        return flex_hop(cast(query), cast(key), cast(value), *args, **kwargs)
+
+
+# Inductor's flex lowering sends every device but "cpu" and "mps" to Triton.
+# The lowering table has no per-device registration, so neuron's entry is
+# wrapped: calls that need no log-sum-exp go to CPU's C++ template (neuron
+# runs Inductor's C++ backend); any other reaching it means compile/flex.py's
+# pass was removed from config.pre_grad_custom_pass, and the error says so
+# rather than "No module named 'triton'". Applied by compile/flex.install.
+# Test: test_flex_lowering_still_sends_other_devices_to_triton.
+
+
+def patch_flex_lowering() -> None:
+    from torch._inductor import lowering
+
+    forward = torch.ops.higher_order.flex_attention
+    backward = torch.ops.higher_order.flex_attention_backward
+    original = lowering.lowerings[forward]
+    if getattr(original, "_neuron_aware", False):
+        return
+    ORIGINALS["flex_attention_lowering"] = original
+    original_backward = lowering.lowerings[backward]
+    ORIGINALS["flex_attention_backward_lowering"] = original_backward
+
+    @functools.wraps(original)
+    def flex_attention(query: Any, key: Any, value: Any, subgraph: Any, block_mask: Any, scale: Any,
+                       kernel_options: dict[str, Any], *args: Any) -> Any:
+        if query.get_device().type != BACKEND:
+            return original(query, key, value, subgraph, block_mask, scale, kernel_options, *args)
+        from torch._inductor.kernel.flex.flex_cpu import check_cpu_supported, lower_cpu
+
+        if kernel_options.get("OUTPUT_LOGSUMEXP", True) or any(args[:2]) or not check_cpu_supported():
+            raise _flex_pass_missing()  # the pass sends these to the dense path (compile/flex.py)
+        return lower_cpu(query, key, value, subgraph, block_mask, scale, kernel_options, *args)
+
+    @functools.wraps(original_backward)
+    def flex_attention_backward(query: Any, *args: Any, **kwargs: Any) -> Any:
+        if query.get_device().type != BACKEND:
+            return original_backward(query, *args, **kwargs)
+        raise _flex_pass_missing()
+
+    flex_attention._neuron_aware = True  # type: ignore[attr-defined]
+    lowering.lowerings[forward] = flex_attention
+    lowering.lowerings[backward] = flex_attention_backward
+
+
+def _flex_pass_missing() -> NotImplementedError:
+    return NotImplementedError(
+        "flex_attention on neuron reached Inductor's Triton lowering: the neuron rewrite "
+        "(torch_neuronx.compile.flex.PASS) is not in torch._inductor.config.pre_grad_custom_pass. "
+        "If you set that option, keep the neuron pass in it, e.g. [your_pass, torch_neuronx.compile.flex.PASS]."
+    )

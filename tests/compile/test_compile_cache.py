@@ -35,7 +35,7 @@ ref = model(x)
 ref.square().mean().backward()
 ok = torch.allclose(out, ref, atol=1e-6) and all(
     torch.allclose(g, p.grad, atol=1e-6) for g, p in zip(grads, model.parameters()))
-print(json.dumps({"ok": ok, "seconds": seconds, "cache": torch.neuron.get_dynamo_metrics()["cache"]}))
+print(json.dumps({"ok": ok, "seconds": seconds, "cache": torch_neuronx.compile.metrics.snapshot()["cache"]}))
 """
 
 

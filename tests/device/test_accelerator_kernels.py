@@ -87,29 +87,81 @@ def test_module_to_keeps_parameter_objects() -> None:
     assert p.device.type == "neuron" and isinstance(p, torch.nn.Parameter)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("case", ["causal", "mask", "plain"])
-def test_sdpa_takes_cpu_fused_kernel_and_matches_cpu(dtype: torch.dtype, case: str) -> None:
-    q, k, v = (torch.randn(2, 4, 64, 16, dtype=dtype) for _ in range(3))
-    kwargs = {"is_causal": True} if case == "causal" else {}
+SDPA_CASES = ["causal", "mask", "plain", "float_mask", "gqa", "odd_length", "strided", "mask_grad", "empty"]
+
+
+def _sdpa_inputs(case: str, dtype: torch.dtype) -> tuple[list[torch.Tensor], dict[str, object]]:
+    length = 37 if case == "odd_length" else 64  # 37: the log-sum-exp is padded to 64 internally
+    batch = 0 if case == "empty" else 2
+    q, k, v = (torch.randn(batch, 4, length, 16, dtype=dtype) for _ in range(3))
+    kwargs: dict[str, object] = {"is_causal": True} if case in ("causal", "odd_length", "empty") else {}
     if case == "mask":
-        kwargs["attn_mask"] = torch.rand(64, 64) > 0.3
-    cpu_in = [t.clone().requires_grad_() for t in (q, k, v)]
-    dev_in = [t.to("neuron").requires_grad_() for t in (q, k, v)]
-    dev_kwargs = {n: a.to("neuron") if isinstance(a, torch.Tensor) else a for n, a in kwargs.items()}
+        kwargs["attn_mask"] = torch.rand(length, length) > 0.3
+    if case in ("float_mask", "mask_grad"):
+        kwargs["attn_mask"] = torch.randn(2, 1, length, length, dtype=dtype)
+    if case == "gqa":
+        k, v = k[:, :2], v[:, :2]
+        kwargs["enable_gqa"] = True
+    if case == "strided":  # (B, L, H, D) memory seen as (B, H, L, D), as attention layers produce
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    return [q, k, v], kwargs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", SDPA_CASES)
+def test_sdpa_takes_cpu_fused_kernel_and_matches_cpu(dtype: torch.dtype, case: str) -> None:
+    """SDPA on neuron runs CPU's flash kernel (named as efficient attention, the op DTensor and context
+    parallelism know) on the same bits: output and gradients equal CPU's exactly."""
+    tensors, kwargs = _sdpa_inputs(case, dtype)
+    cpu_in = [t.clone().requires_grad_() for t in tensors]
+    dev_in = [t.to("neuron").requires_grad_() for t in tensors]
+    mask = kwargs.get("attn_mask")
+    dev_kwargs = dict(kwargs)
+    if isinstance(mask, torch.Tensor):
+        dev_kwargs["attn_mask"] = mask.to("neuron")
+        if case == "mask_grad":
+            kwargs["attn_mask"] = mask.clone().requires_grad_()
+            dev_kwargs["attn_mask"] = mask.to("neuron").requires_grad_()
     want = F.scaled_dot_product_attention(*cpu_in, **kwargs)
     with torch.profiler.profile() as prof:
         got = F.scaled_dot_product_attention(*dev_in, **dev_kwargs)
     names = {e.name for e in prof.events()}
-    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in names, names
-    assert "aten::_scaled_dot_product_attention_math" not in names
-    # The same kernel on the same bits: equal, not merely close, in every dtype.
+    cpu_choice = torch._fused_sdp_choice(*cpu_in, **kwargs)
+    if case == "empty":  # SDPA answers zero-size inputs without a kernel, on CPU as on neuron
+        assert not any("flash" in n or "efficient" in n for n in names), names
+    elif cpu_choice == 1:  # CPU takes its flash kernel: so does neuron
+        assert "aten::_scaled_dot_product_flash_attention_for_cpu" in names, names
+        renamed = case not in ("gqa", "mask_grad")
+        assert ("aten::_scaled_dot_product_efficient_attention" in names) == renamed, names
+        assert torch._fused_sdp_choice(*dev_in, **dev_kwargs) == (2 if renamed else 1)
+    else:
+        assert "aten::_scaled_dot_product_attention_math" in names, names
+    # The same kernel on the same bits: equal, not merely close, in every dtype; the layout is the one
+    # compiled graphs assume (a FakeTensor run of the same call), which for efficient attention is CUDA's.
     assert torch.equal(got.cpu(), want)
+    with FakeTensorMode() as mode:
+        fake_in = [mode.from_tensor(t) for t in dev_in]
+        fake_kwargs = {n: mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for n, a in dev_kwargs.items()}
+        fake = F.scaled_dot_product_attention(*fake_in, **fake_kwargs)
+    assert got.stride() == fake.stride(), (got.stride(), fake.stride())
     grad = torch.randn_like(want)
     want.backward(grad)
     got.backward(grad.to("neuron"))
     for c, d in zip(cpu_in, dev_in, strict=True):
         assert torch.equal(d.grad.cpu(), c.grad)
+    if case == "mask_grad":
+        assert torch.equal(dev_kwargs["attn_mask"].grad.cpu(), kwargs["attn_mask"].grad)  # type: ignore[union-attr]
+
+
+def test_efficient_attention_op_refuses_what_it_cannot_do() -> None:
+    q = torch.randn(1, 2, 32, 8, device="neuron")
+    with pytest.raises(RuntimeError, match="without dropout"):
+        torch.ops.aten._scaled_dot_product_efficient_attention(q, q, q, None, True, 0.5)
+    out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(q, q, q, None, True)
+    assert lse.shape == (1, 2, 32) and out.device.type == "neuron"
+    with pytest.raises(RuntimeError, match="compute_log_sumexp=True"):
+        torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+            out, q, q, q, None, out, lse[..., :0], seed, offset, 0.0, [True, True, True, False])
 
 
 def test_sdpa_with_dropout_follows_cpu_to_math_and_its_numbers() -> None:

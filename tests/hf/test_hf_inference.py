@@ -13,6 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import torch_neuronx.compile
+
 GREEDY: dict[str, Any] = {"max_new_tokens": 12, "min_new_tokens": 12, "do_sample": False}
 
 
@@ -104,7 +106,7 @@ def test_static_cache_generate_auto_compiles_and_matches_cpu(tiny_llama_dir: Pat
     ref = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=dtype)
     inputs = _prompt(tiny_llama_dir)
     out = _generate(model, inputs, cache_implementation="static")
-    metrics = torch.neuron.get_dynamo_metrics()
+    metrics = torch_neuronx.compile.metrics.snapshot()
     assert metrics["graphs_compiled"] >= 1, metrics
     assert metrics["recompilations"] == 0, metrics
     # Compiled bf16 rounds once per fused kernel, eager once per op, so near-ties in bf16 can flip a token
@@ -129,7 +131,7 @@ def test_static_cache_100_token_decode_does_not_recompile(tiny_llama_dir: Path) 
         other = torch.tensor([[2, 14, 15, 16, 4, 5], [2, 6, 7, 8, 9, 10]])  # new tokens, same shapes
         out = model.generate(other.to("neuron"), **long).cpu()
         want = ref.generate(other, **{**long, "disable_compile": True})
-    metrics = torch.neuron.get_dynamo_metrics()
+    metrics = torch_neuronx.compile.metrics.snapshot()
     assert metrics["graphs_compiled"] == 0 and metrics["recompilations"] == 0, metrics
     assert out.shape == (2, 106) and torch.equal(out, want)
     torch._dynamo.reset()

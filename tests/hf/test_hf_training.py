@@ -10,6 +10,7 @@ import torch
 from datasets import Dataset
 from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
+import torch_neuronx.compile
 from torch_neuronx.testing import hf as hf_tiny
 
 NEURON0 = torch.device("neuron:0")
@@ -72,7 +73,7 @@ def test_trainer_torch_compile_trains(tmp_path: Any, tokenizer: Any) -> None:
                         torch_compile=True)
     assert trainer.args.torch_compile_backend == "neuron"
     assert trainer.accelerator.state.dynamo_plugin.backend.value == "NEURON"
-    metrics = torch.neuron.get_dynamo_metrics()
+    metrics = torch_neuronx.compile.metrics.snapshot()
     # Same-length batches: one graph, no recompilation across steps.
     assert metrics["graphs_compiled"] >= 1 and metrics["recompilations"] == 0, metrics
     _assert_learns(_losses(trainer))

@@ -63,18 +63,48 @@ class _UnsupportedWrapperCodegen:
         )
 
 
-def get_dynamo_metrics() -> dict[str, Any]:
-    """Compilation metrics of the ``neuron`` torch.compile backend (also ``torch.neuron.get_dynamo_metrics``)."""
+def flex_support() -> bool:
+    """Add the neuron flex-attention pass to Inductor (compile/flex.py); called by Dynamo while it traces."""
+    from torch_neuronx.compile import flex
+
+    return flex.install()
+
+
+# What torch._dynamo.assume_constant_result sets, without importing Dynamo (tests/test_patches.py checks it):
+# Dynamo calls the function while tracing instead of tracing into it.
+flex_support._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def get_dynamo_metrics() -> list[Any]:
+    """One :class:`~torch_neuronx.compile.metrics.NeuronCompilationMetrics` per graph the ``neuron`` backend
+    compiled since the last reset, oldest first (TorchNeuron's API; also ``torch.neuron.get_dynamo_metrics``).
+    ``torch_neuronx.compile.metrics.snapshot()`` has the recompilation analysis."""
+    import torch
+
     from torch_neuronx.compile import metrics
 
-    return metrics.snapshot()
+    torch.neuron.synchronize()  # type: ignore[attr-defined]
+    return metrics.compiled_graphs()
 
 
 def reset_dynamo_metrics() -> None:
-    """Reset what :func:`get_dynamo_metrics` reports."""
+    """Forget what :func:`get_dynamo_metrics` and ``metrics.snapshot()`` report."""
     from torch_neuronx.compile import metrics
 
     metrics.reset()
+
+
+def set_model_name(name: str) -> None:
+    """Name the model whose graphs compile next, in graph names and artifact files (TorchNeuron's API)."""
+    from torch_neuronx.compile import metrics
+
+    metrics.set_model_name(name)
+
+
+def get_model_name() -> str:
+    from torch_neuronx.compile import metrics
+
+    return metrics.get_model_name()
 
 
 def _register() -> None:
@@ -113,7 +143,7 @@ def compile(model: Callable[..., Any] | None = None, *, mode: str | None = "defa
 
 def __getattr__(name: str) -> Any:
     # Heavier pieces load on first use, keeping ``import torch_neuronx`` fast.
-    if name in ("backend", "bucketing", "cache", "inductor", "metrics"):
+    if name in ("artifacts", "backend", "bucketing", "cache", "inductor", "metrics", "placement"):
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")
@@ -124,4 +154,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["BACKEND_NAME", "compile", "get_dynamo_metrics", "metrics", "reset_dynamo_metrics"]
+__all__ = ["BACKEND_NAME", "compile", "get_dynamo_metrics", "get_model_name", "metrics", "reset_dynamo_metrics",
+           "set_model_name"]

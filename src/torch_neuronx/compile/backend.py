@@ -12,10 +12,17 @@ a NEFF. Semantics follow TorchNeuron:
   here, so a new shape still compiles a new static graph.
 * ``dynamic=True`` is refused with :class:`NeuronDynamicShapesError`.
 * Only mode "default" exists; other modes warn once and compile as default.
+* CPU tensor inputs are copied to the device (:mod:`.placement`).
+* A graph that fails to compile raises, unless
+  ``TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0`` or the compile option
+  ``fallback_execution=True``: then it logs the error and runs eagerly.
+* Each compiled graph is recorded (:mod:`.metrics`) and, with
+  ``TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS=1``, kept (:mod:`.artifacts`).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from collections.abc import Callable
@@ -23,8 +30,10 @@ from typing import Any
 
 import torch
 
-from torch_neuronx.compile import cache, device_interface, metrics
+from torch_neuronx import metrics as counters
+from torch_neuronx.compile import artifacts, cache, device_interface, metrics, placement
 from torch_neuronx.compile.metrics import InputDesc
+from torch_neuronx.runtime import env
 
 # Dynamo loads this module through the torch_dynamo_backends entry point when
 # a compile names backend "neuron", before it traces: the device interface
@@ -61,7 +70,10 @@ def check_mode(mode: str | None) -> None:
 
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *, mode: str | None = None,
                    options: dict[str, Any] | None = None) -> Callable[..., Any]:
-    """Dynamo backend ``"neuron"``; `mode` and `options` arrive from ``torch.compile``."""
+    """Dynamo backend ``"neuron"``; `mode` and `options` arrive from ``torch.compile``.
+
+    Options are Inductor's config patches, plus TorchNeuron's ``fallback_execution`` (bool).
+    """
     import torch._dynamo.config as dynamo_config
 
     from torch_neuronx.compile import inductor
@@ -73,9 +85,29 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *, mode:
     options = dict(options or {})
     function = _current_function()
     compile_id = _compile_id(gm)
+    cpu = placement.cpu_positions(example_inputs)
+    if cpu:
+        names = input_names(gm)
+        placement.check_autocopy(example_inputs, cpu, names)
+        back_to = placement.output_device(example_inputs)
+        device = placement.target_device(example_inputs)
+        placement.place_graph(gm, device)
+        run = _StaticSpecializer(gm, function, compile_id, options, names)  # compiles at the first call
+        return placement.CpuInputs(run, cpu, device, back_to)
+    placement.output_device(example_inputs)  # all on neuron: outputs stay, whatever the mode
     if any(isinstance(x, torch.SymInt) for x in example_inputs):
         return _StaticSpecializer(gm, function, compile_id, options)
     return compile_graph(gm, example_inputs, function, compile_id, options)
+
+
+_log = logging.getLogger("torch_neuronx")
+
+
+def fallback_execution(options: dict[str, Any]) -> bool:
+    """Whether a graph that fails to compile runs eagerly: the option, else TorchNeuron's variable."""
+    if "fallback_execution" in options:
+        return bool(options["fallback_execution"])
+    return not env.get("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION")
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], function: str, compile_id: str | None,
@@ -86,32 +118,118 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], function:
     by default they are read from the graph, where Dynamo keeps them until it
     finishes compiling.
     """
-    from torch._inductor.compile_fx import compile_fx
-
-    from torch_neuronx.compile import inductor
-
     start = time.perf_counter()
     names = names if names is not None else input_names(gm)  # before Inductor takes over the graph
+    inductor_options = {k: v for k, v in options.items() if k != "fallback_execution"}
+    node_count = len(gm.graph.nodes)
+    collectives = has_collectives(gm)
+    timestamp = metrics.new_timestamp()
+    graph_type = "training" if torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs) else "inference"
+    timing = {"inner": 0.0}
+    files = artifacts.start(metrics.get_model_name(), timestamp)
     with cache.compile_lock:  # one compile at a time: it swaps process-wide settings (cache.py)
         key = cache.graph_key(gm, example_inputs, repr(sorted(options.items())))
-        compiled = cache.memory_get(key)
+        passes = time.perf_counter() - start
+        preserve = artifacts.enabled()
+        compiled = None if preserve else cache.memory_get(key)
         if compiled is not None:
             outcome = "memory"
             metrics.record_cache("memory", hit=True)
         else:
-            if cache.enabled() and key is not None:
+            if cache.enabled() and key is not None and not preserve:
                 metrics.record_cache("memory", hit=False)
-            compiled, disk = cache.compile_with_disk_cache(
-                lambda: compile_fx(gm, example_inputs, config_patches={**inductor.BACKEND_CONFIG, **options}))
-            if disk.removed_corrupt:
-                metrics.record_corrupt(disk.removed_corrupt)
-            if disk.result != "off":
-                metrics.record_cache("disk", hit=disk.result == "hit")
-            outcome = {"hit": "disk"}.get(disk.result, disk.result)
-            cache.memory_put(key, compiled)
-    metrics.record_graph(function, _describe(names, example_inputs), time.perf_counter() - start, outcome,
-                         compile_id)
+            try:
+                compiled, outcome = _compile(gm, example_inputs, inductor_options, files if preserve else None,
+                                             timing)
+            except Exception as exc:
+                if not fallback_execution(options):
+                    raise
+                return _eager_after_failure(gm, function, exc)
+            counters.counter("CompilationCache.TotalCompilations")
+            if not preserve:
+                cache.memory_put(key, compiled)
+    total = time.perf_counter() - start
+    metrics.record_graph(function, _describe(names, example_inputs), total, outcome, compile_id)
+    record = metrics.record_compiled(key or f"uncached_{timestamp}", _frame_id(compile_id), graph_type,
+                                     node_count, collectives, timestamp, passes,
+                                     max(0.0, total - passes - timing["inner"]), timing["inner"])
+    if preserve:
+        files.name = record.graph_name  # the index names each graph as get_dynamo_metrics() does
+        files.write_index()
     return compiled
+
+
+def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict[str, Any],
+             files: artifacts.GraphArtifacts | None, timing: dict[str, float]) -> tuple[Callable[..., Any], str]:
+    """Inductor's compile, timed around its inner compile; through the disk cache unless `files` is
+    given (preserving artifacts compiles afresh)."""
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    from torch_neuronx.compile import inductor
+
+    patches = {**inductor.BACKEND_CONFIG, **options}
+    inner: Callable[..., Any] = compile_fx_inner
+    if files is not None:
+        files.write("fx_graphs", "dynamo", ".fx.txt", artifacts.graph_text(gm))
+        inner, extra = artifacts.inductor_hooks(files)
+        patches.update(extra)
+
+    def timed_inner(*args: Any, **kwargs: Any) -> Any:
+        begin = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            timing["inner"] += time.perf_counter() - begin
+
+    if files is not None:
+        import torch._functorch.config as functorch_config
+
+        with functorch_config.patch(enable_autograd_cache=False, force_non_lazy_backward_lowering=True):
+            return compile_fx(gm, example_inputs, inner_compile=timed_inner, config_patches=patches), "off"
+    compiled, disk = cache.compile_with_disk_cache(
+        lambda: compile_fx(gm, example_inputs, inner_compile=timed_inner, config_patches=patches))
+    if disk.removed_corrupt:
+        metrics.record_corrupt(disk.removed_corrupt)
+    if disk.result != "off":
+        metrics.record_cache("disk", hit=disk.result == "hit")
+    return compiled, {"hit": "disk"}.get(disk.result, disk.result)
+
+
+def _eager_after_failure(gm: torch.fx.GraphModule, function: str, exc: Exception) -> Callable[..., Any]:
+    """TorchNeuron's fallback execution: log the compile error, run the captured graph eagerly."""
+    _log.error("Compilation failed for %s: %s: %s", function, type(exc).__name__, exc)
+    warnings.warn(f"torch_neuronx: compiling {function} failed ({type(exc).__name__}: {exc}); falling back to "
+                  "eager execution of the original graph (fallback execution is on: "
+                  "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0 or the fallback_execution option)", stacklevel=2)
+    counters.counter("Compilation.FallbackToEager")
+    return gm
+
+
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d", "_dtensor")
+
+
+def has_collectives(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph calls a collective: c10d's functional or in-place ops, or a functional-collectives
+    Python function Dynamo kept whole."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        packet = getattr(node.target, "_overloadpacket", node.target)
+        qualified = getattr(packet, "_qualified_op_name", "")
+        if qualified.split("::")[0] in _COLLECTIVE_NAMESPACES:
+            return True
+        if (getattr(node.target, "__module__", "") or "").startswith("torch.distributed"):
+            return True
+    return False
+
+
+def _frame_id(compile_id: str | None) -> str:
+    """Dynamo's frame number from its compile id ("3/1" -> "3"), "0" when unknown."""
+    if not compile_id:
+        return "0"
+    head = compile_id.split("/")[0].strip("[]- ")
+    return head if head.isdigit() else "0"
 
 
 class _StaticSpecializer:
@@ -123,12 +241,12 @@ class _StaticSpecializer:
     """
 
     def __init__(self, gm: torch.fx.GraphModule, function: str, compile_id: str | None,
-                 options: dict[str, Any]) -> None:
+                 options: dict[str, Any], names: list[str] | None = None) -> None:
         self.gm = gm
         self.function = function
         self.compile_id: str | None = compile_id
         self.options = options
-        self.names = input_names(gm)
+        self.names = names if names is not None else input_names(gm)
         self.graphs: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self.gave_up = False
 

@@ -56,6 +56,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from torch_neuronx import metrics as counters
+
 _ENV_DIR = "TORCH_NEURONX_NEFF_CACHE_DIR"
 _ENV_DISABLE = "TORCH_NEURONX_DISABLE_NEFF_CACHE"
 _SEAL_SUFFIX = ".sha256"
@@ -118,6 +120,7 @@ def memory_put(key: str | None, compiled: Callable[..., Any]) -> None:
             _memory[key] = compiled
             while len(_memory) > MEMORY_ENTRIES:
                 _memory.popitem(last=False)
+                counters.counter("CompilationCache.Evictions")
 
 
 def clear_memory() -> None:

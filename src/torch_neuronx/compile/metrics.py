@@ -1,22 +1,36 @@
 """What the ``neuron`` backend compiled, why it recompiled, and what the cache saved.
 
-On Trainium every new input shape is a new compilation (minutes on real
-hardware), so recompilations are the first thing to watch:
-``torch.neuron.get_dynamo_metrics()`` returns :func:`snapshot`. When one
-function recompiles more than ``recompile_warning_threshold`` times, a
-warning names the dimension that keeps changing and points to bucketing.
-Environment: TORCH_NEURONX_RECOMPILE_WARN_THRESHOLD (default 4; Dynamo's own
-recompile_limit, 8, then stops compiling the function and runs it eagerly).
+Two views of the same records:
+
+* TorchNeuron's: ``torch_neuronx.get_dynamo_metrics()`` (also
+  ``torch.neuron.get_dynamo_metrics()``) returns one
+  :class:`NeuronCompilationMetrics` per compiled graph, and
+  ``TORCH_NEURONX_ENABLED_METRIC_TABLES=graph_stats`` writes them as CSV at
+  exit (``{TORCH_NEURONX_METRICS_DIR}/metric_table_graph_stats_rank{rank}.csv``).
+* The emulator's analysis: :func:`snapshot` says which functions recompiled,
+  which input dimension changed, and what the caches served. On Trainium every
+  new input shape is a new compilation (minutes on real hardware), so when one
+  function recompiles more than ``recompile_warning_threshold`` times
+  (TORCH_NEURONX_RECOMPILE_WARN_THRESHOLD, default 4; Dynamo's own
+  recompile_limit, 8, then runs it eagerly), a warning names the dimension
+  that keeps changing and points to bucketing.
 """
 
 from __future__ import annotations
 
+import atexit
+import csv
+import dataclasses
 import os
 import threading
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
+
+from torch_neuronx import metrics as counters
+from torch_neuronx.runtime import env
 
 Shape = tuple[int, ...]
 
@@ -45,22 +59,122 @@ class _FunctionStats:
     warned: bool = False
 
 
-def _threshold_from_env() -> int:
-    text = os.environ.get("TORCH_NEURONX_RECOMPILE_WARN_THRESHOLD", "").strip()
-    if not text:
-        return 4
+@dataclass
+class NeuronCompilationMetrics:
+    """One compiled graph, as TorchNeuron's ``get_dynamo_metrics()`` reports it (same fields, same order)."""
+
+    graph_id: str  # the compile cache key of the graph
+    graph_name: str = ""  # "{model_name}_{frame}_{graph_type}_{nth}", e.g. "model_default_0_inference_0"
+    model_name: str = ""  # set_model_name(...), or "model_default"
+    has_collectives: bool = False
+    graph_node_count: int = 0  # nodes of the graph Dynamo captured
+    timestamp: str = ""  # "%Y%m%d_%H%M%S_%f", shared with the graph's preserved artifacts
+    torch_neuronx_fx_passes_us: int = 0  # the backend's own graph passes (cache key, device placement)
+    torch_neuronx_lower_us: int = 0  # AOTAutograd and Inductor lowering to generated code
+    torch_neuronx_compile_us: int = 0  # compiling the generated kernels (0 when the cache served them)
+
+
+GRAPH_STATS = "graph_stats"
+METRIC_TABLES = (GRAPH_STATS,)
+DEFAULT_MODEL_NAME = "model_default"
+
+recompile_warning_threshold: int = env.get("TORCH_NEURONX_RECOMPILE_WARN_THRESHOLD")
+_model_name = DEFAULT_MODEL_NAME
+_compiled: list[NeuronCompilationMetrics] = []
+_nth: Counter[tuple[str, str, str]] = Counter()
+_tables_checked = False
+
+
+def set_model_name(name: str) -> None:
+    """Name the model whose graphs compile next (graph names, artifact file names), as on TorchNeuron."""
+    global _model_name
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"set_model_name takes a non-empty string, got {name!r}")
+    _model_name = name
+
+
+def get_model_name() -> str:
+    return _model_name
+
+
+def new_timestamp() -> str:
+    """A compiled graph's id in time, shared by its metrics record and its artifacts."""
+    return datetime.now().strftime("%Y%m%d_%H%M%S_%f")
+
+
+def record_compiled(graph_id: str, frame: str, graph_type: str, node_count: int, has_collectives: bool,
+                    timestamp: str, fx_passes_s: float, lower_s: float, compile_s: float) -> NeuronCompilationMetrics:
+    """Note one compiled graph in TorchNeuron's form (and Dynamo's ``counters["neuron"]``)."""
+    _check_tables()
+    with _lock:
+        nth_key = (_model_name, frame, graph_type)
+        record = NeuronCompilationMetrics(
+            graph_id=graph_id, graph_name=f"{_model_name}_{frame}_{graph_type}_{_nth[nth_key]}",
+            model_name=_model_name, has_collectives=has_collectives, graph_node_count=node_count,
+            timestamp=timestamp, torch_neuronx_fx_passes_us=round(fx_passes_s * 1e6),
+            torch_neuronx_lower_us=round(lower_s * 1e6), torch_neuronx_compile_us=round(compile_s * 1e6))
+        _nth[nth_key] += 1
+        _compiled.append(record)
+    from torch._dynamo.utils import counters as dynamo_counters
+
+    dynamo_counters["neuron"]["compiled_graphs"] += 1
+    if has_collectives:
+        dynamo_counters["neuron"]["graphs_with_collectives"] += 1
+    counters.sample("CompilationTime", fx_passes_s + lower_s + compile_s)
+    counters.sample("GraphNodeCount", node_count)
+    return record
+
+
+def compiled_graphs() -> list[NeuronCompilationMetrics]:
+    """A copy of the records since the last reset (what ``get_dynamo_metrics()`` returns)."""
+    with _lock:
+        return [dataclasses.replace(r) for r in _compiled]
+
+
+def _check_tables() -> None:
+    """Read TORCH_NEURONX_ENABLED_METRIC_TABLES at the first compile: unknown names raise (as on
+    TorchNeuron, but not at ``import torch``); known ones are written at exit."""
+    global _tables_checked
+    if _tables_checked:
+        return
+    _tables_checked = True
+    tables = env.get("TORCH_NEURONX_ENABLED_METRIC_TABLES")
+    unknown = [t for t in tables if t not in METRIC_TABLES]
+    if unknown:
+        raise ValueError(f"Metric table '{unknown[0]}' is not registered. Available tables: {list(METRIC_TABLES)} "
+                         "(fix TORCH_NEURONX_ENABLED_METRIC_TABLES)")
+    if GRAPH_STATS in tables:
+        atexit.register(write_graph_stats)
+
+
+def _rank() -> int:
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def write_graph_stats(directory: str | None = None) -> str | None:
+    """Write the graph_stats table as CSV; returns its path (None when nothing compiled).
+
+    A failure to write warns and never raises: it runs at interpreter exit."""
+    records = compiled_graphs()
+    if not records:
+        return None
+    directory = directory or env.get("TORCH_NEURONX_METRICS_DIR")
+    path = os.path.join(directory, f"metric_table_{GRAPH_STATS}_rank{_rank()}.csv")
     try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        warnings.warn(f"TORCH_NEURONX_RECOMPILE_WARN_THRESHOLD={text!r} is not a number of recompilations "
-                      "(a non-negative integer); using the default, 4", stacklevel=2)
-        return 4
-    return value
-
-
-recompile_warning_threshold: int = _threshold_from_env()
+        os.makedirs(directory, exist_ok=True)
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            names = [fld.name for fld in dataclasses.fields(NeuronCompilationMetrics)]
+            writer.writerow(names)
+            writer.writerows([getattr(r, n) for n in names] for r in records)
+    except OSError as exc:
+        warnings.warn(f"torch_neuronx: failed to write metrics CSV to {path}: {exc}", stacklevel=2)
+        return None
+    return path
 
 _lock = threading.Lock()
 _functions: dict[str, _FunctionStats] = {}
@@ -77,6 +191,8 @@ def record_graph(function: str, inputs: tuple[InputDesc, ...], seconds: float, c
         record = GraphRecord(function, compile_id, inputs, seconds, cache, _changes(stats.graphs, inputs))
         stats.graphs.append(record)
         recompiles = len(stats.graphs) - 1
+        if recompiles:
+            counters.counter("Compilation.Recompilations")
         warn = recompiles > recompile_warning_threshold and not stats.warned
         if warn:
             stats.warned = True
@@ -86,9 +202,16 @@ def record_graph(function: str, inputs: tuple[InputDesc, ...], seconds: float, c
     return record
 
 
+_COUNTER_NAMES = {
+    ("memory", True): "CompilationCache.InMemoryHits", ("memory", False): "CompilationCache.InMemoryMisses",
+    ("disk", True): "CompilationCache.PersistentHits", ("disk", False): "CompilationCache.PersistentMisses",
+}
+
+
 def record_cache(kind: str, hit: bool) -> None:
     with _lock:
         _cache[f"{kind}_{'hits' if hit else 'misses'}"] += 1
+    counters.counter(_COUNTER_NAMES[kind, hit])
 
 
 def record_corrupt(paths: list[str]) -> None:
@@ -216,9 +339,16 @@ def snapshot() -> dict[str, Any]:
 
 
 def reset() -> None:
-    """Start counting afresh (Dynamo's own counters are left alone)."""
+    """Start counting afresh (Dynamo's ``counters["neuron"]`` too; its other counters are left alone)."""
     global _graph_break_baseline
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is not None:
+        utils.counters["neuron"].clear()
     with _lock:
+        _compiled.clear()
+        _nth.clear()
         _functions.clear()
         _cache.clear()
         _corrupt_removed.clear()

@@ -55,12 +55,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   // aten
   m.def("_op_counts", [] {
-    std::vector<std::tuple<std::string, int64_t, int64_t>> out;
-    for (const auto& c : op_counts()) out.emplace_back(c.name, c.executed, c.fallback);
+    std::vector<std::tuple<std::string, int64_t, int64_t, int64_t>> out;
+    for (const auto& c : op_counts()) out.emplace_back(c.name, c.executed, c.fallback, c.widened);
     return out;
   });
   m.def("_reset_op_counts", &reset_op_counts);
   m.def("_set_fallback_allowed", &set_fallback_allowed);
+  m.def("_set_fallback_stacks", &set_fallback_stacks);
+  m.def("_fallback_stacks", &fallback_stacks);
   m.def("_route_structured_ops", &route_structured_ops);
 
   // distributed

@@ -50,6 +50,8 @@ void set_current_device(c10::DeviceIndex index);
 // Raises IndexError unless 0 <= index < device_count(); takes a wide integer
 // so that out-of-range Python ints are caught before they are narrowed.
 void check_index(int64_t index);
+// runtime/guard.cpp: the calling thread's current stream on a (valid) core.
+c10::StreamId current_stream_id(c10::DeviceIndex index);
 
 // ---- runtime/allocator.cpp: the caching device allocator ----
 c10::DeviceAllocator* device_allocator();
@@ -115,7 +117,10 @@ class HostAliases {
 // is adopted without a copy when nothing else holds it.
 at::Tensor to_device(const at::Tensor& cpu, c10::DeviceIndex index);
 
+// ---- runtime/memory_history.cpp ----
+std::string python_stack_text();  // the calling thread's Python stack, innermost frame first
+
 // ---- aten/dtype_policy.cpp ----
-void check_dtype(c10::ScalarType dtype);  // the hardware's dtype policy: no FP64
+void check_dtype(c10::ScalarType dtype);  // the device's dtype policy: no quantized tensors
 
 }  // namespace torch_neuronx

@@ -10,6 +10,11 @@ from torch_neuronx.device._lazy import _lazy_init
 _device_t = torch.device | str | int | None
 
 
+class InvalidDeviceError(IndexError, ValueError):
+    """A device index outside the visible cores: an IndexError as torch.cuda raises, and the ValueError
+    TorchNeuron's ``set_device`` / ``get_device_properties`` raise, so code written for either catches it."""
+
+
 def device_count() -> int:
     """The number of logical NeuronCores this process sees (NEURON_RT_VISIBLE_CORES, LNC applied).
 
@@ -52,8 +57,8 @@ def device_index(device: _device_t, *, optional: bool = False) -> int:
         return -1
     count = device_count()
     if not 0 <= index < count:
-        raise IndexError(
-            f"Invalid device ordinal neuron:{index}: this process sees {count} NeuronCore"
+        raise InvalidDeviceError(
+            f"Invalid device id neuron:{index}: this process sees {count} NeuronCore"
             f"{'' if count == 1 else 's'} (neuron:0 to neuron:{count - 1}) of the emulated instance "
             f"({runtime.machine().describe()}). Set TORCH_NEURONX_INSTANCE_TYPE or NEURON_RT_VISIBLE_CORES for more."
         )

@@ -8,8 +8,8 @@ differentiable floating dtypes, input gradients are compared.
 
 Accounting, per sample:
   * ``cpu_fail``: the CPU reference raised; the sample is not in the denominator.
-  * ``skip_*``: not comparable (too slow on CPU, float64 by construction,
-    nothing placed on the device, a non-strided layout).
+  * ``skip_*``: not comparable (too slow on CPU, nothing placed on the
+    device, a non-strided layout).
   * ``random``: a random op whose seeded results still differ: reported, not a failure.
   * ``pass`` / ``fail``.
 The pass rate is ``pass / (pass + fail)``, i.e. neuron passes over comparable
@@ -43,8 +43,10 @@ from torch_neuronx.testing.workers import WorkerPool, serve
 
 EXPECTED_FAILURES = Path(__file__).resolve().with_name("conformance_expected.json")
 
-# The device's dtype set. float64/complex128 are refused by the device (a
-# TypeError, by design: Trainium has no FP64 units), so they are never tested.
+# The dtypes Trainium computes on a core. float64/complex128 tensors live on
+# the device but every op on them is a CPU fallback (TorchNeuron's rule), the
+# CPU kernel itself: as op dtypes they would only compare the CPU with itself.
+# They are still exercised wherever a sample or an op's composite makes them.
 DEVICE_DTYPES: tuple[torch.dtype, ...] = (
     torch.float32,
     torch.bfloat16,
@@ -54,7 +56,6 @@ DEVICE_DTYPES: tuple[torch.dtype, ...] = (
     torch.bool,
     torch.complex64,
 )
-REFUSED_DTYPES = frozenset({torch.float64, torch.complex128})
 DTYPE_NAMES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in DEVICE_DTYPES}
 
 CPU_SLOW_S = 2.0  # a sample slower than this on CPU is skipped, with the rest of its op/dtype
@@ -112,8 +113,8 @@ _RANDOM_RE = re.compile(
 # --------------------------------------------------------------------------------------------
 
 PASS, FAIL, RANDOM, CPU_FAIL = "pass", "fail", "random", "cpu_fail"
-SKIP_SLOW, SKIP_FP64, SKIP_NO_DEVICE, SKIP_LAYOUT = "skip_slow", "skip_fp64", "skip_no_device", "skip_layout"
-STATUSES = (PASS, FAIL, RANDOM, CPU_FAIL, SKIP_SLOW, SKIP_FP64, SKIP_NO_DEVICE, SKIP_LAYOUT)
+SKIP_SLOW, SKIP_NO_DEVICE, SKIP_LAYOUT = "skip_slow", "skip_no_device", "skip_layout"
+STATUSES = (PASS, FAIL, RANDOM, CPU_FAIL, SKIP_SLOW, SKIP_NO_DEVICE, SKIP_LAYOUT)
 
 
 @dataclasses.dataclass
@@ -266,7 +267,7 @@ def op_table() -> dict[str, Any]:
 
 def device_dtypes(op: Any, wanted: Sequence[torch.dtype] = DEVICE_DTYPES) -> list[torch.dtype]:
     supported = op.supported_dtypes("cpu")
-    return [d for d in wanted if d in supported and d not in REFUSED_DTYPES]
+    return [d for d in wanted if d in supported]
 
 
 def is_random(op: Any) -> bool:
@@ -313,8 +314,6 @@ class _Replicator:
             return hit
         if t.layout != torch.strided:
             raise _NotCopyable(SKIP_LAYOUT, f"layout {t.layout}")
-        if t.dtype in REFUSED_DTYPES:
-            raise _NotCopyable(SKIP_FP64, f"a {t.dtype} tensor in the sample")
         out = self._rebuild(t.detach(), device)
         if t.requires_grad:
             out.requires_grad_(True)
@@ -406,10 +405,6 @@ def _tensors(v: Any) -> Iterator[torch.Tensor]:
     elif isinstance(v, dict):
         for x in v.values():
             yield from _tensors(x)
-
-
-def _has_refused_dtype(v: Any) -> bool:
-    return any(t.dtype in REFUSED_DTYPES for t in _tensors(v))
 
 
 def tolerances(op: Any, dtype: torch.dtype) -> tuple[float, float] | None:
@@ -647,8 +642,6 @@ def run_sample(
         return outcome(CPU_FAIL, exc_type=type(ref.error).__name__, message=_first_line(ref.error))
     if ref.seconds > CPU_SLOW_S:
         return outcome(SKIP_SLOW, message=f"{ref.seconds:.1f}s on CPU")
-    if _has_refused_dtype(ref.out):
-        return outcome(SKIP_FP64, message="the op returns a 64-bit float by its contract")
 
     limit = max(DEVICE_LIMIT_S, 20 * ref.seconds)
     dev_grad = with_grad and ref.grads is not None
@@ -674,8 +667,6 @@ def run_sample(
             return outcome(FAIL, phase=phase, category="timeout", exc_type="Timeout", message=str(err))
         category = "exception" if phase != "backward" else "grad-exception"
         msg = _first_line(err)
-        if isinstance(err, TypeError) and "FP64" in str(err):
-            category = "fp64-internal"  # a float64 intermediate the device refuses
         return outcome(FAIL, phase=phase, category=category, exc_type=type(err).__name__, message=msg)
 
     if dev.error is not None:

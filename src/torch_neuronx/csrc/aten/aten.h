@@ -17,25 +17,45 @@ struct OpEntry {
   std::string name;  // "aten::add.Tensor"
   std::atomic<int64_t> executed{0};
   std::atomic<int64_t> fallback{0};
+  std::atomic<int64_t> widened{0};  // calls run in float32 on the host (no host kernel for the dtype)
   int generator_arg = -1;  // index of its Generator? argument, if any
   bool mutates = false;
   // Per argument (bit i = argument i; schemas have fewer than 64):
   uint64_t written = 0;  // Tensor(a!): in-place targets and out= tensors
   uint64_t cpu_ok = 0;   // may be a CPU tensor of any size, as on CUDA (index lists, lengths, ...)
   bool any_cpu_ok = false;  // every tensor argument may be on the CPU (c10d ops, lift)
+  bool host_only = false;   // TorchNeuron runs it on the CPU whatever the dtypes (its CPU-fallback table)
   std::atomic<bool> warned{false};
 };
 OpEntry& entry_for(const c10::OperatorHandle& op);
+// The entry of an op run by one of the device's own kernels (counted by name).
+OpEntry& entry_named(const std::string& name);
 bool fallback_allowed();
+
+// Why TorchNeuron would run an op on the CPU rather than a NeuronCore.
+enum class HostReason { kNone, kTable, kFloat64, kComplex, kWidened };
+// The reason a tensor of this dtype gives (float64, complex), or kNone.
+inline HostReason dtype_reason(c10::ScalarType t) {
+  if (t == at::kDouble || t == at::kComplexDouble) return HostReason::kFloat64;
+  if (t == at::kComplexFloat || t == at::kComplexHalf) return HostReason::kComplex;
+  return HostReason::kNone;
+}
+inline HostReason stronger(HostReason a, HostReason b) { return a == HostReason::kNone ? b : a; }
+// Counts one CPU fallback of `e`: raises when fallbacks are forbidden, warns the first time for the op.
+// kWidened is the emulator's own detour (Trainium computes the dtype on a core): counted apart, silently.
+void note_fallback(OpEntry& e, HostReason why);
 
 struct OpCount {
   std::string name;
   int64_t executed;
   int64_t fallback;
+  int64_t widened;
 };
 std::vector<OpCount> op_counts();
 void reset_op_counts();
 void set_fallback_allowed(bool allowed);
+void set_fallback_stacks(bool record);                    // TORCH_NEURONX_ENABLE_STACK_TRACE
+std::vector<std::pair<std::string, std::string>> fallback_stacks();  // op -> stack of its first fallback
 
 // ---- fallback.cpp ----
 void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);

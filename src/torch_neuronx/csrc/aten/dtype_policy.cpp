@@ -1,11 +1,15 @@
 // The hardware's dtype policy, and what the emulator does where the host's
 // kernels cover fewer dtypes than the device.
 //
-// Trainium has no FP64 units: float64 and complex128 tensors are refused
-// with the dtype to use instead. Reduced-precision ops that an accelerator
-// computes natively but whose CPU kernel lacks the dtype run in float32 and
-// are cast back to the dtype PyTorch's promotion rules give the result
-// (what CUDA returns); they count as CPU fallbacks.
+// Trainium has no FP64 units and NeuronCores take no complex dtypes: as on
+// TorchNeuron, such tensors live on the device but their ops run on the CPU,
+// and count as CPU fallbacks (op_table.cpp, note_fallback). Quantized tensors
+// and the fnuz float8 encodings are refused, as TorchNeuron's table does.
+// Reduced-precision ops that an accelerator computes natively but whose CPU
+// kernel lacks the dtype run in float32 and are cast back to
+// the dtype PyTorch's promotion rules give the result (what CUDA returns);
+// Trainium computes them on a core, so they are no fallback: the op tracker
+// counts them apart (widened).
 #include "aten.h"
 
 #include <torch/library.h>
@@ -73,21 +77,15 @@ bool is_low_precision(c10::ScalarType t) {
 
 void check_dtype(c10::ScalarType dtype) {
   if (C10_UNLIKELY(c10::isQIntType(dtype))) refuse_quantized(dtype);
-  if (C10_UNLIKELY(dtype == at::kDouble || dtype == at::kComplexDouble)) {
-    TORCH_CHECK_TYPE(false, "Trainium has no FP64 units, so neuron tensors cannot be ", c10::toString(dtype),
-                     ". Use ", dtype == at::kDouble ? "torch.float32 (or torch.bfloat16)" : "torch.complex64",
-                     " instead: convert with .to(torch.", dtype == at::kDouble ? "float32" : "complex64",
-                     ") before moving the tensor to the device.");
-  }
+  // The "fnuz" float8 variants are AMD's encodings: the Neuron compiler rejects them (NCC_EVRF005).
+  TORCH_CHECK_TYPE(dtype != at::kFloat8_e4m3fnuz && dtype != at::kFloat8_e5m2fnuz,
+                   "neuron does not support ", c10::toString(dtype),
+                   " (the Neuron compiler rejects the fnuz float8 encodings, NCC_EVRF005): use torch.float8_e4m3fn "
+                   "or torch.float8_e5m2");
 }
 
 bool run_widened(const c10::OperatorHandle& op, OpEntry& e, torch::jit::Stack* stack,
                  const std::vector<c10::IValue>& args, c10::ScalarType low, const c10::Error& original) {
-  if (!fallback_allowed()) {
-    TORCH_CHECK(false, original.what_without_backtrace(),
-                "\n(torch_neuronx: running ", e.name, " in float32 on the host is a CPU fallback, which "
-                "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION forbids)");
-  }
   const auto wanted = meta_result_dtypes(op, args);
   const size_t begin = stack->size();
   for (const auto& a : args) {
@@ -105,11 +103,6 @@ bool run_widened(const c10::OperatorHandle& op, OpEntry& e, torch::jit::Stack* s
     stack->resize(begin);
     return false;
   }
-  if (!e.warned.exchange(true)) {
-    TORCH_WARN("torch_neuronx: ", e.name, " has no ", c10::toString(low),
-               " kernel on the host; it runs in float32 and is cast back (reported as a CPU fallback "
-               "by torch_neuronx.op_tracker)");
-  }
   const size_t nret = wanted.size();
   for (size_t i = 0; i < nret; ++i) {
     auto& v = (*stack)[stack->size() - nret + i];
@@ -118,7 +111,7 @@ bool run_widened(const c10::OperatorHandle& op, OpEntry& e, torch::jit::Stack* s
     const auto want = wanted[i] != c10::ScalarType::Undefined ? wanted[i] : narrowed(have, low);
     if (have != want) v = v.toTensor().to(want);
   }
-  e.fallback.fetch_add(1, std::memory_order_relaxed);
+  note_fallback(e, HostReason::kWidened);
   return true;
 }
 

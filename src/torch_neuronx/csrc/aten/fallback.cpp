@@ -9,6 +9,7 @@
 // (op_table.cpp). Views of one device storage share one CPU alias storage
 // within a call, so ATen's overlap checks see what the device sees.
 #include "aten.h"
+#include "../runtime/profiler.h"
 
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
@@ -35,6 +36,7 @@ class Call {
 
   c10::DeviceIndex device = -1;
   c10::ScalarType low_precision = c10::ScalarType::Undefined;
+  HostReason host = HostReason::kNone;  // why TorchNeuron would run this call on the CPU
 
   c10::IValue to_cpu(const c10::IValue& v, size_t arg) {
     if (v.isTensor()) return to_cpu(v.toTensor(), arg);
@@ -131,6 +133,7 @@ class Call {
       if (low_precision == c10::ScalarType::Undefined && is_low_precision(t.scalar_type())) {
         low_precision = t.scalar_type();
       }
+      host = stronger(host, dtype_reason(t.scalar_type()));
       auto alias = aliases_(t);
       aliased_.emplace_back(t, alias);
       return alias;
@@ -179,9 +182,11 @@ void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t nargs = schema.arguments().size();
   const size_t begin = stack->size() - nargs;
   Call call{e};
+  if (C10_UNLIKELY(e.host_only)) call.host = HostReason::kTable;
   for (size_t i = begin; i < stack->size(); ++i) (*stack)[i] = call.to_cpu((*stack)[i], i - begin);
   if (call.device < 0) call.device = current_device();
   call.check_devices();
+  if (C10_UNLIKELY(call.host != HostReason::kNone)) note_fallback(e, call.host);  // raises if forbidden
 
   std::optional<GeneratorLease> lease;
   if (e.generator_arg >= 0) {
@@ -198,6 +203,7 @@ void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     saved.assign(stack->begin() + begin, stack->end());
   }
   KernelAllocationScope scope(call.device);  // the kernel's results are allocated as device memory
+  DeviceEventScope event(e.name, call.device);  // torch.profiler's device track, while it records
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   } catch (const c10::Error& err) {
@@ -222,12 +228,14 @@ void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t nret = schema.returns().size();
   const size_t rbegin = stack->size() - nret;
   int64_t drawn = 0;
+  HostReason produced = HostReason::kNone;  // float64 or complex results of other inputs
   for (size_t i = rbegin; i < stack->size(); ++i) {
     const auto& v = (*stack)[i];
     if (v.isTensor() && v.toTensor().defined()) {
       check_strided(v.toTensor());
       call.note_result(v.toTensor());
       drawn += v.toTensor().numel();
+      produced = stronger(produced, dtype_reason(v.toTensor().scalar_type()));
     } else if (v.isTensorList()) {
       for (const at::Tensor& t : v.toTensorList()) {
         if (!t.defined()) continue;
@@ -248,6 +256,7 @@ void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   if (lease) lease->consumed(drawn);
   e.executed.fetch_add(1, std::memory_order_relaxed);
+  if (C10_UNLIKELY(produced != HostReason::kNone && call.host == HostReason::kNone)) note_fallback(e, produced);
 }
 
 }  // namespace torch_neuronx

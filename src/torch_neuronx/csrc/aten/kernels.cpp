@@ -2,6 +2,7 @@
 // allocation, copies across the device boundary, resizing, metadata views.
 // Every other op reaches the boxed fallback.
 #include "aten.h"
+#include "../runtime/profiler.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Dispatch.h>
@@ -56,6 +57,19 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   const auto on_device = [](const at::Tensor& t) { return t.device().type() == kNeuron; };
   TORCH_CHECK(on_device(self) || self.is_cpu(), "copy between neuron and ", self.device(), " is not supported");
   TORCH_CHECK(on_device(dst) || dst.is_cpu(), "copy between neuron and ", dst.device(), " is not supported");
+  static const std::string kName = "aten::_copy_from";
+  DeviceEventScope event(kName, on_device(dst) ? dst.device().index() : self.device().index());
+  // A conversion on the device to or from float64 or complex is host work, as on TorchNeuron (a plain
+  // transfer between host and device is not).
+  const bool converts = (on_device(dst) && on_device(self)) || dst.scalar_type() != self.scalar_type();
+  const HostReason host = !converts ? HostReason::kNone
+                                    : stronger(on_device(dst) ? dtype_reason(dst.scalar_type()) : HostReason::kNone,
+                                               on_device(self) ? dtype_reason(self.scalar_type()) : HostReason::kNone);
+  if (C10_UNLIKELY(host != HostReason::kNone)) {
+    static OpEntry& entry = entry_named(kName);
+    entry.executed.fetch_add(1, std::memory_order_relaxed);
+    note_fallback(entry, host);
+  }
   HostAliases aliases;  // source and destination views of one storage share one alias: overlap is detected
   at::Tensor src = on_device(self) ? aliases(self) : self;
   at::Tensor out = on_device(dst) ? aliases(dst) : dst;
@@ -138,6 +152,8 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
                                     c10::IntArrayRef output_padding, int64_t groups) {
   const auto index = input.device().index();
   KernelAllocationScope scope(index);
+  static const std::string kName = "aten::convolution_overrideable";
+  DeviceEventScope event(kName, index);
   auto out = at::convolution(cpu_alias(input), cpu_alias(weight), alias_or_undefined(bias), stride, padding,
                              dilation, transposed, output_padding, groups);
   return to_device(out.contiguous(), index);
@@ -149,6 +165,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
     int64_t groups, std::array<bool, 3> output_mask) {
   const auto index = input.device().index();
   KernelAllocationScope scope(index);
+  static const std::string kName = "aten::convolution_backward_overrideable";
+  DeviceEventScope event(kName, index);
   const int64_t out_channels = transposed ? weight.size(1) * groups : weight.size(0);
   const std::vector<int64_t> bias_sizes{out_channels};
   auto [gi, gw, gb] = at::convolution_backward(

@@ -4,6 +4,7 @@
 // what Gloo lacks (PREMUL_SUM, which FSDP2 uses for gradient division) and
 // counts each collective and the bytes it moved, per process group.
 #include "../neuron.h"
+#include "../runtime/profiler.h"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -98,28 +99,28 @@ class ProcessGroupNeuron final : public c10d::Backend {
                                            const c10d::BroadcastOptions& opts) override {
     count("broadcast", nbytes(tensors));
     auto t = host_views(tensors);
-    return host_->broadcast(t, opts);
+    return traced(host_->broadcast(t, opts));
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
     count("all_reduce", nbytes(tensors));
     auto t = host_views(tensors);
-    return in_place_reduction(t, opts, [&](auto& ts, const auto& o) { return host_->allreduce(ts, o); });
+    return traced(in_place_reduction(t, opts, [&](auto& ts, const auto& o) { return host_->allreduce(ts, o); }));
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts) override {
     count("all_reduce_coalesced", nbytes(tensors));
     auto t = host_views(tensors);
-    return in_place_reduction(t, opts, [&](auto& ts, const auto& o) { return host_->allreduce_coalesced(ts, o); });
+    return traced(in_place_reduction(t, opts, [&](auto& ts, const auto& o) { return host_->allreduce_coalesced(ts, o); }));
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override {
     count("reduce", nbytes(tensors));
     auto t = host_views(tensors);
-    return in_place_reduction(t, opts, [&](auto& ts, const auto& o) { return host_->reduce(ts, o); });
+    return traced(in_place_reduction(t, opts, [&](auto& ts, const auto& o) { return host_->reduce(ts, o); }));
   }
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -128,7 +129,7 @@ class ProcessGroupNeuron final : public c10d::Backend {
     count("all_gather", nbytes(inputs) * getSize());
     auto o = host_views(outputs);
     auto i = host_views(inputs);
-    return host_->allgather(o, i, opts);
+    return traced(host_->allgather(o, i, opts));
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
@@ -136,7 +137,7 @@ class ProcessGroupNeuron final : public c10d::Backend {
     count("all_gather_into_tensor", nbytes({output}));
     auto o = flat_if_stacked(host_view(output), input);
     auto i = host_view(input);
-    return host_->_allgather_base(o, i, opts);
+    return traced(host_->_allgather_base(o, i, opts));
   }
 
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -145,7 +146,7 @@ class ProcessGroupNeuron final : public c10d::Backend {
     count("all_gather_coalesced", nbytes(inputs) * getSize());
     auto o = host_views(outputs);
     auto i = host_views(inputs);
-    return host_->allgather_coalesced(o, i, opts);
+    return traced(host_->allgather_coalesced(o, i, opts));
   }
 
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -154,7 +155,7 @@ class ProcessGroupNeuron final : public c10d::Backend {
     count("all_gather_into_tensor_coalesced", nbytes(outputs));
     auto o = host_views(outputs);
     auto i = host_views(inputs);
-    return host_->allgather_into_tensor_coalesced(o, i, opts);
+    return traced(host_->allgather_into_tensor_coalesced(o, i, opts));
   }
 
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -163,7 +164,7 @@ class ProcessGroupNeuron final : public c10d::Backend {
     count("gather", nbytes(inputs));
     auto o = host_views(outputs);
     auto i = host_views(inputs);
-    return host_->gather(o, i, opts);
+    return traced(host_->gather(o, i, opts));
   }
 
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
@@ -172,7 +173,7 @@ class ProcessGroupNeuron final : public c10d::Backend {
     count("scatter", nbytes(outputs));
     auto o = host_views(outputs);
     auto i = host_views(inputs);
-    return host_->scatter(o, i, opts);
+    return traced(host_->scatter(o, i, opts));
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -181,13 +182,13 @@ class ProcessGroupNeuron final : public c10d::Backend {
     count("reduce_scatter", nbytes(outputs) * getSize());
     auto o = host_views(outputs);
     auto i = host_views(inputs);
-    if (!is_premul(opts.reduceOp)) return host_->reduce_scatter(o, i, opts);
+    if (!is_premul(opts.reduceOp)) return traced(host_->reduce_scatter(o, i, opts));
     for (auto& list : i) {
       for (auto& x : list) x = premultiplied(x, opts.reduceOp);
     }
     auto op = opts;
     op.reduceOp = sum_op();
-    return host_->reduce_scatter(o, i, op);
+    return traced(host_->reduce_scatter(o, i, op));
   }
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -195,11 +196,11 @@ class ProcessGroupNeuron final : public c10d::Backend {
     count("reduce_scatter_tensor", nbytes({input}));
     auto o = host_view(output);
     auto i = flat_if_stacked(host_view(input), output);
-    if (!is_premul(opts.reduceOp)) return host_->_reduce_scatter_base(o, i, opts);
+    if (!is_premul(opts.reduceOp)) return traced(host_->_reduce_scatter_base(o, i, opts));
     i = premultiplied(i, opts.reduceOp);  // a host copy: the caller's input stays as it was
     auto op = opts;
     op.reduceOp = sum_op();
-    return host_->_reduce_scatter_base(o, i, op);
+    return traced(host_->_reduce_scatter_base(o, i, op));
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -213,7 +214,7 @@ class ProcessGroupNeuron final : public c10d::Backend {
       for (auto& x : i) x = premultiplied(x, opts.reduceOp);
       op.reduceOp = sum_op();
     }
-    return host_->reduce_scatter_tensor_coalesced(o, i, op);
+    return traced(host_->reduce_scatter_tensor_coalesced(o, i, op));
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -223,7 +224,7 @@ class ProcessGroupNeuron final : public c10d::Backend {
     count("all_to_all_single", nbytes({input}));
     auto o = host_view(output);
     auto i = host_view(input);
-    return host_->alltoall_base(o, i, output_split_sizes, input_split_sizes, opts);
+    return traced(host_->alltoall_base(o, i, output_split_sizes, input_split_sizes, opts));
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
@@ -231,25 +232,25 @@ class ProcessGroupNeuron final : public c10d::Backend {
     count("all_to_all", nbytes(inputs));
     auto o = host_views(outputs);
     auto i = host_views(inputs);
-    return host_->alltoall(o, i, opts);
+    return traced(host_->alltoall(o, i, opts));
   }
 
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
     count("send", nbytes(tensors));
     auto t = host_views(tensors);
-    return host_->send(t, dst, tag);
+    return traced(host_->send(t, dst, tag));
   }
 
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
     count("recv", nbytes(tensors));
     auto t = host_views(tensors);
-    return host_->recv(t, src, tag);
+    return traced(host_->recv(t, src, tag));
   }
 
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
     count("recv", nbytes(tensors));
     auto t = host_views(tensors);
-    return host_->recvAnysource(t, tag);
+    return traced(host_->recvAnysource(t, tag));
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
@@ -257,7 +258,7 @@ class ProcessGroupNeuron final : public c10d::Backend {
     auto o = opts;
     o.device.reset();  // Gloo synchronises hosts; any device id is the host
     o.device_ids.clear();
-    return host_->barrier(o);
+    return traced(host_->barrier(o));
   }
 
   std::map<std::string, std::pair<int64_t, int64_t>> stats() const {
@@ -270,17 +271,47 @@ class ProcessGroupNeuron final : public c10d::Backend {
   }
 
  private:
+  // Counts a collective, and notes it for traced() to time (when torch.profiler records device activity).
   void count(const char* name, int64_t bytes) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto& s = stats_[name];
-    s.first += 1;
-    s.second += bytes;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto& s = stats_[name];
+      s.first += 1;
+      s.second += bytes;
+    }
+    t_pending = {name, bytes, device_profiling() ? profiler_now_ns() : 0};
   }
+
+  // A collective's Work, timed as a device event on this rank's core from its start to its completion.
+  c10::intrusive_ptr<c10d::Work> traced(c10::intrusive_ptr<c10d::Work> work) {
+    const Pending pending = t_pending;
+    if (pending.start_ns == 0 || !work) return work;
+    const auto device = current_device();
+    const std::string name = std::string("c10d::") + pending.name;
+    auto future = work->getFuture();
+    if (!future) {
+      record_device_event(name, device, pending.start_ns, profiler_now_ns(), pending.bytes);
+    } else {
+      future->addCallback([=](c10::ivalue::Future&) {
+        record_device_event(name, device, pending.start_ns, profiler_now_ns(), pending.bytes);
+      });
+    }
+    return work;
+  }
+
+  struct Pending {
+    const char* name;
+    int64_t bytes;
+    int64_t start_ns;
+  };
+  static thread_local Pending t_pending;
 
   c10::intrusive_ptr<c10d::Backend> host_;
   mutable std::mutex mutex_;
   std::map<std::string, std::pair<int64_t, int64_t>> stats_;  // collective -> (calls, bytes)
 };
+
+thread_local ProcessGroupNeuron::Pending ProcessGroupNeuron::t_pending{"", 0, 0};
 
 }  // namespace
 

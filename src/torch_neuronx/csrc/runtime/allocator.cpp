@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <thread>
 
 namespace torch_neuronx {
 
@@ -76,12 +77,28 @@ std::string format_bytes(int64_t n) {
   return buf;
 }
 
+// PYTORCH_ALLOC_CONF's roundup_power2_divisions for each power-of-two
+// interval (index: log2 of its upper end), read once: the classes of a
+// process never change.
+const std::array<size_t, 64>& divisions_by_interval() {
+  static const std::array<size_t, 64> table = [] {
+    std::array<size_t, 64> t{};
+    t.fill(kDefaultDivisions);
+    for (size_t i = 9; i <= 24; ++i) {  // the intervals below 16 MiB: upper ends 2^9 ... 2^24
+      const size_t d = c10::CachingAllocator::AcceleratorAllocatorConfig::roundup_power2_divisions(size_t{1} << i);
+      t[i] = d == 0 ? kDefaultDivisions : d;
+    }
+    return t;
+  }();
+  return table;
+}
+
 size_t size_class(size_t nbytes) {
   if (nbytes <= kMinBlockSize) return kMinBlockSize;
   if (nbytes >= kRoundedBelow) return round_up(nbytes, kAlignment);
-  size_t divisions = c10::CachingAllocator::AcceleratorAllocatorConfig::roundup_power2_divisions(nbytes);
-  if (divisions == 0) divisions = kDefaultDivisions;
-  const size_t upper = size_t{1} << (64 - __builtin_clzll(nbytes - 1));  // next power of two >= nbytes
+  const int log2_upper = 64 - __builtin_clzll(nbytes - 1);
+  const size_t divisions = divisions_by_interval()[log2_upper];
+  const size_t upper = size_t{1} << log2_upper;  // next power of two >= nbytes
   const size_t lower = upper / 2;
   const size_t step = std::max<size_t>(lower / divisions, kAlignment);
   return std::min(upper, round_up(nbytes, step));
@@ -103,6 +120,7 @@ struct Block {
   bool allocated = false;
   bool kernel = false;    // handed to a host kernel, not (yet) a device tensor's storage
   bool pending = false;   // freed, but recorded on another stream: reused once that is safe
+  bool quick = false;     // freed into its device's quick list
   Block* prev = nullptr;  // neighbours in the segment
   Block* next = nullptr;
   ska::flat_hash_set<c10::StreamId> stream_uses;
@@ -126,13 +144,33 @@ struct Pool {
 struct DeviceState {
   Pool small{true, {}};
   Pool large{false, {}};
+  // Freed blocks kept whole, by (stream, size): the next request of that size
+  // takes one without searching, splitting or merging (eager code allocates
+  // the same sizes over and over). They go back into the pools, merged, when
+  // a request finds no fit there, and before cached segments are released.
+  ska::flat_hash_map<uint64_t, std::vector<Block*>> quick;
   DeviceStats stats;
   int64_t capacity = INT64_MAX;
   std::vector<Block*> pending;   // freed blocks waiting for their streams
   History history;
 };
 
-std::mutex g_mutex;  // one allocator lock: allocation and free are short
+// One allocator lock. Allocation and free hold it for a few hundred
+// instructions: a spin lock costs a fraction of a mutex uncontended, and
+// yields the core when it has to wait.
+class SpinLock {
+ public:
+  void lock() {
+    while (flag_.exchange(true, std::memory_order_acquire)) {
+      while (flag_.load(std::memory_order_relaxed)) std::this_thread::yield();
+    }
+  }
+  void unlock() { flag_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> flag_{false};
+};
+SpinLock g_mutex;
 std::array<DeviceState, kMaxDevices> g_devices;
 ska::flat_hash_map<const void*, Block*> g_allocated;  // block start -> block, for every live block
 thread_local c10::DeviceIndex t_kernel_device = -1;
@@ -196,7 +234,9 @@ class Core {
     process_pending();
     const size_t size = size_class(nbytes);
     Pool& pool = nbytes < kSmallSize ? d_.small : d_.large;  // by the request, as TorchNeuron documents
-    Block* block = take_free(pool, size, stream);
+    Block* block = take_quick(size, stream);
+    if (block == nullptr) block = take_free(pool, size, stream);
+    if (block == nullptr && flush_quick()) block = take_free(pool, size, stream);
     if (block == nullptr) {
       const size_t want = segment_size(pool, size);
       collect_garbage(want);
@@ -210,7 +250,7 @@ class Core {
         return nullptr;
       }
     }
-    if (should_split(block, size)) split(block, size);
+    if (block->size > size && should_split(block, size)) split(block, size);
     block->allocated = true;
     block->kernel = kernel;
     block->requested = nbytes;
@@ -227,7 +267,7 @@ class Core {
     block->allocated = false;
     if (block->kernel) {  // a host kernel's temporary: it was never device memory
       block->kernel = false;
-      cache(block);
+      keep_quick(block);
       return;
     }
     count_allocation(block, -1);
@@ -274,6 +314,7 @@ class Core {
   // Returns every cached whole segment to the host; true if any was.
   bool release_cached() {
     process_pending();
+    flush_quick();
     bool freed = false;
     for (Pool* pool : {&d_.small, &d_.large}) {
       for (auto it = pool->free.begin(); it != pool->free.end();) {
@@ -321,8 +362,45 @@ class Core {
     if (block->foreign) {
       release_segment(block);
     } else {
-      cache(block);
+      keep_quick(block);
     }
+  }
+
+  static uint64_t quick_key(size_t size, c10::StreamId stream) {
+    return (static_cast<uint64_t>(stream) << 48) ^ static_cast<uint64_t>(size);
+  }
+
+  void keep_quick(Block* block) {
+    block->context.reset();
+    block->requested = 0;
+    block->quick = true;
+    d_.quick[quick_key(block->size, block->stream)].push_back(block);
+    count_inactive_split(block, +1);
+  }
+
+  Block* take_quick(size_t size, c10::StreamId stream) {
+    auto it = d_.quick.find(quick_key(size, stream));
+    if (it == d_.quick.end() || it->second.empty()) return nullptr;
+    Block* block = it->second.back();
+    it->second.pop_back();
+    block->quick = false;
+    count_inactive_split(block, -1);
+    return block;
+  }
+
+  // Every quick block back into its pool, merged with its free neighbours; true if there were any.
+  bool flush_quick() {
+    bool any = false;
+    for (auto& [key, blocks] : d_.quick) {
+      for (Block* block : blocks) {
+        block->quick = false;
+        count_inactive_split(block, -1);
+        cache(block);
+        any = true;
+      }
+      blocks.clear();
+    }
+    return any;
   }
 
   bool fits(size_t bytes) const {
@@ -414,7 +492,7 @@ class Core {
   // Back into the pool, merged with free neighbours.
   void cache(Block* block) {
     for (Block* other : {block->prev, block->next}) {
-      if (other == nullptr || other->allocated || other->pending) continue;
+      if (other == nullptr || other->allocated || other->pending || other->quick) continue;
       block->pool->free.erase(other);
       count_inactive_split(other, -1);
       if (other == block->prev) {
@@ -491,6 +569,7 @@ class Core {
   }
 
   void record(TraceEntry::Action action, const Block* block) {
+    if (!d_.history.tracing()) return;
     d_.history.record(action, index_, reinterpret_cast<size_t>(block->ptr), block->size, block->stream,
                       action == TraceEntry::ALLOC ? block->context : nullptr);
   }
@@ -528,7 +607,7 @@ Block* find_block(const void* ptr) {
 // The deleter of every device and kernel DataPtr (its context is the pointer
 // itself, as Allocator::raw_allocate requires).
 void delete_block(void* ptr) {
-  std::lock_guard<std::mutex> lock(g_mutex);
+  std::lock_guard<SpinLock> lock(g_mutex);
   Block* block = find_block(ptr);
   TORCH_INTERNAL_ASSERT(block != nullptr, "torch_neuronx: freeing memory the allocator does not hold: ", ptr);
   Core(block->device).free(block);
@@ -540,8 +619,6 @@ std::shared_ptr<c10::GatheredContext> gather_context(c10::DeviceIndex index) {
 
 c10::DataPtr block_ptr(Block* block, c10::Device device) { return {block->ptr, block->ptr, &delete_block, device}; }
 
-c10::StreamId current_stream_id(c10::DeviceIndex index);
-
 // ---------------------------------------------------------------- allocators
 
 struct NeuronAllocator final : c10::DeviceAllocator {
@@ -552,19 +629,19 @@ struct NeuronAllocator final : c10::DeviceAllocator {
   void emptyCache(c10::MempoolId_t) override { empty_cache(); }
   void recordStream(const c10::DataPtr& data, c10::Stream stream) override {
     if (data.get() == nullptr || data.get_deleter() != &delete_block) return;
-    std::lock_guard<std::mutex> lock(g_mutex);
+    std::lock_guard<SpinLock> lock(g_mutex);
     if (Block* block = find_block(data.get())) Core(block->device).record_stream(block, stream.id());
   }
   DeviceStats getDeviceStats(c10::DeviceIndex index) override {
     check_index(index);
-    std::lock_guard<std::mutex> lock(g_mutex);
+    std::lock_guard<SpinLock> lock(g_mutex);
     auto stats = g_devices[index].stats;
     stats.max_split_size = static_cast<int64_t>(c10::CachingAllocator::AcceleratorAllocatorConfig::max_split_size());
     return stats;
   }
   void resetAccumulatedStats(c10::DeviceIndex index) override {
     check_index(index);
-    std::lock_guard<std::mutex> lock(g_mutex);
+    std::lock_guard<SpinLock> lock(g_mutex);
     auto& s = g_devices[index].stats;
     for (const auto t : c10::irange(static_cast<size_t>(StatType::NUM_TYPES))) {
       for (auto* stat : {&s.allocation[t], &s.segment[t], &s.active[t], &s.inactive_split[t], &s.allocated_bytes[t],
@@ -578,7 +655,7 @@ struct NeuronAllocator final : c10::DeviceAllocator {
   }
   void resetPeakStats(c10::DeviceIndex index) override {
     check_index(index);
-    std::lock_guard<std::mutex> lock(g_mutex);
+    std::lock_guard<SpinLock> lock(g_mutex);
     auto& s = g_devices[index].stats;
     for (const auto t : c10::irange(static_cast<size_t>(StatType::NUM_TYPES))) {
       for (auto* stat : {&s.allocation[t], &s.segment[t], &s.active[t], &s.inactive_split[t], &s.allocated_bytes[t],
@@ -591,7 +668,7 @@ struct NeuronAllocator final : c10::DeviceAllocator {
   }
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex index) override {
     check_index(index);
-    std::lock_guard<std::mutex> lock(g_mutex);
+    std::lock_guard<SpinLock> lock(g_mutex);
     const auto& d = g_devices[index];
     const int64_t used = d.stats.reserved_bytes[0].current;
     // A capacity lowered below what is reserved leaves nothing free (not a negative amount).
@@ -613,7 +690,7 @@ struct KernelAllocator final : c10::Allocator {
     Oom oom;
     Block* block = nullptr;
     {
-      std::lock_guard<std::mutex> lock(g_mutex);
+      std::lock_guard<SpinLock> lock(g_mutex);
       block = Core(index).malloc(nbytes, stream, /*kernel=*/true, nullptr, &oom);
     }
     if (block == nullptr) return base->allocate(nbytes);
@@ -625,7 +702,7 @@ struct KernelAllocator final : c10::Allocator {
   // raw_allocate() hands out DataPtrs of either kind: free each its own way.
   static void raw_delete(void* ptr) {
     {
-      std::lock_guard<std::mutex> lock(g_mutex);
+      std::lock_guard<SpinLock> lock(g_mutex);
       if (Block* block = find_block(ptr)) {
         Core(block->device).free(block);
         return;
@@ -665,10 +742,6 @@ struct PinnedAllocator final : c10::Allocator {
 };
 PinnedAllocator g_pinned_allocator;
 
-c10::StreamId current_stream_id(c10::DeviceIndex index) {
-  return c10::impl::getDeviceGuardImpl(kNeuron)->getStream(neuron(index)).id();
-}
-
 }  // namespace
 
 REGISTER_ALLOCATOR(kNeuron, g_allocator);
@@ -685,7 +758,7 @@ c10::DataPtr allocate_on(c10::DeviceIndex index, size_t nbytes) {
   Oom oom;
   Block* block = nullptr;
   {
-    std::lock_guard<std::mutex> lock(g_mutex);
+    std::lock_guard<SpinLock> lock(g_mutex);
     block = Core(index).malloc(nbytes, stream, /*kernel=*/false, std::move(context), &oom);
   }
   if (block == nullptr) raise_oom(index, oom);
@@ -697,7 +770,7 @@ c10::DataPtr adopt(c10::DataPtr&& host, size_t nbytes, c10::DeviceIndex index) {
   Oom oom;
   Block* block = nullptr;
   {
-    std::lock_guard<std::mutex> lock(g_mutex);
+    std::lock_guard<SpinLock> lock(g_mutex);
     if (host.get_deleter() == &delete_block) {
       block = find_block(host.get());
       TORCH_INTERNAL_ASSERT(block != nullptr);
@@ -716,7 +789,7 @@ c10::DataPtr adopt(c10::DataPtr&& host, size_t nbytes, c10::DeviceIndex index) {
   {
     // A buffer from elsewhere (host code that did not use the CPU allocator).
     // On failure it stays with the caller, who frees it.
-    std::lock_guard<std::mutex> lock(g_mutex);
+    std::lock_guard<SpinLock> lock(g_mutex);
     block = Core(index).adopt_foreign(host, nbytes, &oom);
   }
   if (block == nullptr) raise_oom(index, oom);
@@ -725,7 +798,7 @@ c10::DataPtr adopt(c10::DataPtr&& host, size_t nbytes, c10::DeviceIndex index) {
 
 void empty_cache() {
   const auto n = is_initialized() ? runtime().device_count : 0;
-  std::lock_guard<std::mutex> lock(g_mutex);
+  std::lock_guard<SpinLock> lock(g_mutex);
   for (c10::DeviceIndex i = 0; i < n; ++i) Core(i).release_cached();
 }
 
@@ -753,20 +826,20 @@ bool is_pinned(const void* ptr) {
 }
 
 c10::DeviceIndex device_of_ptr(const void* ptr) {
-  std::lock_guard<std::mutex> lock(g_mutex);
+  std::lock_guard<SpinLock> lock(g_mutex);
   Block* block = find_block(ptr);
   return block != nullptr && !block->kernel ? block->device : -1;
 }
 
 void set_capacity(c10::DeviceIndex index, int64_t bytes) {
   TORCH_CHECK(index >= 0 && index < kMaxDevices, "device index out of range");
-  std::lock_guard<std::mutex> lock(g_mutex);
+  std::lock_guard<SpinLock> lock(g_mutex);
   g_devices[index].capacity = bytes;
 }
 
 int64_t capacity(c10::DeviceIndex index) {
   TORCH_CHECK(index >= 0 && index < kMaxDevices, "device index out of range");
-  std::lock_guard<std::mutex> lock(g_mutex);
+  std::lock_guard<SpinLock> lock(g_mutex);
   return g_devices[index].capacity;
 }
 
@@ -775,7 +848,7 @@ int64_t capacity(c10::DeviceIndex index) {
 History& history(c10::DeviceIndex index) { return g_devices[index].history; }
 
 std::vector<SegmentSnapshot> snapshot_segments() {
-  std::lock_guard<std::mutex> lock(g_mutex);
+  std::lock_guard<SpinLock> lock(g_mutex);
   std::vector<SegmentSnapshot> out;
   const auto n = is_initialized() ? runtime().device_count : 0;
   std::set<const Block*> seen;
@@ -795,6 +868,9 @@ std::vector<SegmentSnapshot> snapshot_segments() {
       for (const Block* b : pool->free) add_segment_of(b);
     }
     for (const Block* b : g_devices[i].pending) add_segment_of(b);
+    for (const auto& [key, blocks] : g_devices[i].quick) {
+      for (const Block* b : blocks) add_segment_of(b);
+    }
   }
   for (const auto& [ptr, block] : g_allocated) add_segment_of(block);
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {

@@ -106,6 +106,8 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
 
 }  // namespace
 
+c10::StreamId current_stream_id(c10::DeviceIndex index) { return t_current_stream[index]; }
+
 C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl);
 
 }  // namespace torch_neuronx

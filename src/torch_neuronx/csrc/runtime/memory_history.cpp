@@ -240,6 +240,18 @@ void record_memory_history(std::optional<std::string> enabled, std::optional<std
   for (c10::DeviceIndex i = 0; i < n; ++i) history(i).configure(when, trace, max_entries, stacks == "all", clear_history);
 }
 
+std::string python_stack_text() {
+  auto context = torch::CapturedTraceback::gather(/*python=*/true, /*script=*/false, /*cpp=*/false);
+  std::vector<torch::CapturedTraceback*> one{context.get()};
+  const torch::SymbolizedTracebacks symbolized = torch::symbolize(one);
+  std::string text;
+  for (const uint64_t k : symbolized.tracebacks.at(0)) {
+    const auto& f = symbolized.all_frames.at(k);
+    text += "  File \"" + f.filename + "\", line " + std::to_string(f.lineno) + ", in " + f.funcname + "\n";
+  }
+  return text;
+}
+
 std::string write_oom_snapshot() {
   const char* path = std::getenv("TORCH_NEURONX_OOM_SNAPSHOT");
   if (path == nullptr || *path == '\0' || !Py_IsInitialized()) return "";

@@ -132,7 +132,9 @@ def _run_compiled(row: Row, model: Any, model_n: Any, ids: Any, gen_kwargs: dict
             out = model_n.generate(ids.to(dev), attention_mask=torch.ones_like(ids, device=dev), **static).cpu()
         row.compiled_wall_s = time.perf_counter() - start
         row.compiled_peak_mib = torch.neuron.max_memory_allocated() / 2**20
-        metrics = torch.neuron.get_dynamo_metrics()
+        from torch_neuronx.compile import metrics as compile_metrics
+
+        metrics = compile_metrics.snapshot()
         row.graphs = metrics["graphs_compiled"]
         row.graph_breaks = metrics["graph_breaks"]["count"]
         row.recompilations = metrics["recompilations"]
