@@ -26,11 +26,14 @@ PY
 # Plain dependencies (none of them needs torch).
 python -m pip install -c "$constraints" "tyro==1.0.17" "einops==0.8.2" "tensorboard==2.21.0" "safetensors" "pillow"
 # Packages that declare torch (or datasets<4.8) as a dependency: no resolver, their other needs are present.
+# triton: torchtitan's llama3 path imports it unconditionally (models/common/moe.py -> minimal_async_ep/kernels.py)
+# although nothing on a neuron run calls it; on a host without a GPU Inductor does not use it (has_triton() is
+# False), so the C++ backend stays the one neuron runs.
 python -m pip install --no-deps "torchdata==0.11.0" "spmd_types==0.2.3" "torch_checkpointing==0.1.1" \
-  "torchtitan==0.3.0"
+  "triton==3.9.0" "torchtitan==0.3.0"
 python - <<'PY'
 import torch
-import torchtitan  # noqa: F401
+import torchtitan.train  # noqa: F401  (imports the whole llama3 training path)
 from importlib.metadata import version
 
 assert torch.__version__.startswith("2.13.0"), f"torch changed to {torch.__version__}"
