@@ -455,6 +455,54 @@ def dtensor_compute_matches_single_process() -> None:
     same(prod.full_tensor(), wide @ tall)
 
 
+@checks
+def dtensor_random_init_is_the_unsharded_draw() -> str:
+    # DTensor's RNG tracker shifts each shard's (seed, offset) as for CUDA's Philox; the neuron generator puts the
+    # engine at that point of the seed's stream, so a row-sharded init is the unsharded init, sliced.
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = mesh_1d()
+    inits = {
+        "uniform_": lambda t: t.uniform_(-1, 1),
+        "normal_": lambda t: t.normal_(),
+        "trunc_normal_": lambda t: torch.nn.init.trunc_normal_(t, std=0.02),
+        "kaiming_uniform_": lambda t: torch.nn.init.kaiming_uniform_(t),
+    }
+    for name, init in inits.items():
+        draws = []
+        for placement in (Replicate(), Shard(0)):
+            torch.manual_seed(5)
+            first = distribute_tensor(torch.empty(WORLD * 8, 16, device=dev()), mesh, [placement])
+            second = distribute_tensor(torch.empty(WORLD * 4, 32, device=dev()), mesh, [placement])
+            init(first)
+            init(second)  # the offset moved on by the first init: the second starts where it should
+            draws.append([first.full_tensor().cpu(), second.full_tensor().cpu()])
+        for replicated, sharded in zip(*draws, strict=True):
+            assert torch.equal(replicated, sharded), f"{name}: shards are not slices of the unsharded draw"
+        assert not torch.equal(draws[0][0][:8], draws[0][0][8:16]), name
+    return ", ".join(inits)
+
+
+@checks
+def default_timeout_can_be_changed() -> str:
+    # What torch.distributed's timeout setters (and TorchTitan's set_timeout) call on a backend.
+    import time
+    from datetime import timedelta
+
+    group = dist.new_group(list(range(WORLD)))
+    group._get_backend(dev())._set_default_timeout(timedelta(seconds=1))
+    if RANK != 0:
+        return "rank 0 waits"
+    start = time.monotonic()
+    try:
+        dist.recv(torch.empty(1, device=dev()), src=1, group=group)  # rank 1 never sends
+    except RuntimeError as exc:
+        waited = time.monotonic() - start
+        assert waited < 20, waited  # the default timeout is 30 minutes
+        return f"timed out after {waited:.1f} s: {str(exc)[:60]}"
+    raise AssertionError("recv without a sender returned")
+
+
 def setup() -> None:
     dist.init_process_group()  # no backend: neuron is the accelerator, so "neuron"
 

@@ -5,7 +5,8 @@ all ``python -m torchtitan.train --module llama3 --config llama3_debugmodel`` (d
 with the default Inductor backend, forward and backward) through tests/titan/titan_launch.py:
 
 1. a seed checkpoint, made by one process (TorchTitan's own ``--checkpoint.create_seed_checkpoint``): the one
-   initial model both runs load, since sharded random init (DTensor's RNG offsets) differs from unsharded init;
+   initial model both runs load: DTensor's RNG offsets reproduce the unsharded init only for row-sharded
+   parameters, on neuron as on CUDA, and TP shards its row-wise layers along dim 1;
 2. the reference: 1 process, no sharding, local batch 4;
 3. 4 processes, ``data_parallel_shard_degree 2`` (FSDP2) x ``tensor_parallel_degree 2``, local batch 2.
 

@@ -3,9 +3,9 @@
 Bridge: TorchTitan 0.3.0 targets a PyTorch nightly that has ``torch.distributed.set_timeout``; torch 2.13 does
 not, and the trainer calls it right after the first step (``torchtitan.distributed.utils.set_pg_timeouts``). Only
 when the attribute is missing, this launcher supplies it: the timeout goes to every backend of the group that has
-``_set_default_timeout`` (what torch's own ``_set_pg_timeout`` does for Gloo and NCCL), else it stays as set at
-init (``--comm.init_timeout_seconds``): torch_neuronx's ProcessGroupNeuron has no ``_set_default_timeout``, so on
-neuron this is a no-op. Everything else (arguments, the torchrun environment) goes to ``torchtitan.train`` as is.
+``_set_default_timeout`` (what torch's own ``_set_pg_timeout`` does for Gloo and NCCL; torch_neuronx's
+ProcessGroupNeuron has it too), else it stays as set at init (``--comm.init_timeout_seconds``). Everything
+else (arguments, the torchrun environment) goes to ``torchtitan.train`` as is.
 
 Probe (only when ``TITAN_PROBE_DIR`` is set; test_torchtitan.py uses it): an Inductor pre-grad pass that only
 reads the graphs records every FlexAttention call Inductor compiles (device, whether it needs gradients), and

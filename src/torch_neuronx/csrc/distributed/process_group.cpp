@@ -4,6 +4,8 @@
 // what Gloo lacks (PREMUL_SUM, which FSDP2 uses for gradient division) and
 // counts each collective and the bytes it moved, per process group.
 #include "../neuron.h"
+
+#include <pybind11/chrono.h>
 #include "../runtime/profiler.h"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -322,6 +324,10 @@ void init_distributed(pybind11::module& m) {
              return c10::make_intrusive<ProcessGroupNeuron>(host);
            }),
            py::arg("host"))
+      // Gloo's and NCCL's name for it: what torch.distributed's timeout setters call on a backend.
+      .def("_set_default_timeout",
+           [](ProcessGroupNeuron& self, std::chrono::milliseconds timeout) { self.setTimeout(timeout); },
+           py::arg("timeout"))
       .def("comm_stats", &ProcessGroupNeuron::stats)
       .def("reset_comm_stats", &ProcessGroupNeuron::reset_stats);
 }

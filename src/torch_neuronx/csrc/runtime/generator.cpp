@@ -12,9 +12,17 @@
 //    that point, and set_state() of that tensor restores it exactly, however
 //    many states were taken since (fork_rng, checkpoint recompute);
 //  * set_state() of any other (seed, offset) (a copy, a state loaded from a
-//    file, a shifted offset) reseeds the engine from the pair,
-//    deterministically, so every rank that sets the same state draws the
-//    same numbers (DTensor's per-shard offsets).
+//    file, a shifted offset) puts the engine at that position of the stream
+//    manual_seed(seed) starts: `offset` draws into it. That is what makes
+//    DTensor's per-shard offsets work as with CUDA's Philox: shard k of a
+//    random init starts where element k * shard_size of the unsharded draw
+//    starts, so ops that draw once per element (uniform_ and the inits built
+//    on it; normal_ on shards of multiples of 16 elements) give every shard
+//    its slice of the unsharded tensor, and every rank that sets the same
+//    state draws the same numbers. The walk is incremental (from the last
+//    position set, when it lies behind); a position more than kMaxWalk draws
+//    away (a state from a long run, loaded from a file) reseeds the engine
+//    from the pair instead, deterministically.
 #include "../neuron.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -25,6 +33,8 @@
 
 namespace torch_neuronx {
 namespace {
+
+constexpr uint64_t kMaxWalk = uint64_t{1} << 30;  // draws: about 2 s of mt19937
 
 uint64_t mix(uint64_t seed, uint64_t offset) {
   if (offset == 0) return seed;  // the CPU engine's own seeding
@@ -66,11 +76,11 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
   void set_current_seed(uint64_t seed) override {
     seed_ = seed;
     offset_ = 0;
-    reseed();
+    position();
   }
   void set_offset(uint64_t offset) override {
     offset_ = offset;
-    reseed();
+    position();
   }
   uint64_t get_offset() const override { return offset_; }
   uint64_t current_seed() const override { return seed_; }
@@ -111,7 +121,7 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
     // numbers wherever the generator stands, on every rank.
     seed_ = seed;
     offset_ = offset;
-    reseed();
+    position();
   }
 
   // The engine a kernel draws from; a lease holds this generator's mutex.
@@ -128,13 +138,37 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
   }
 
  private:
-  void reseed() {
-    engine_.set_current_seed(mix(seed_, offset_));
+  // The engine at draw `offset_` of the stream seeded with `seed_` (see the
+  // file's comment); remembers that point, to walk on from it next time.
+  void position() {
+    const bool from_mark = mark_.defined() && mark_seed_ == seed_ && offset_ >= mark_offset_ &&
+                           offset_ - mark_offset_ <= kMaxWalk;
+    if (from_mark) {
+      engine_.set_state(mark_);
+      walk(offset_ - mark_offset_);
+    } else if (offset_ <= kMaxWalk) {
+      engine_.set_current_seed(seed_);
+      walk(offset_);
+    } else {
+      engine_.set_current_seed(mix(seed_, offset_));  // too far to walk
+      return;
+    }
+    mark_ = engine_.get_state();
+    mark_seed_ = seed_;
+    mark_offset_ = offset_;
+  }
+
+  void walk(uint64_t draws) {
+    if (draws == 0) return;
+    auto* cpu = engine_.get<at::CPUGeneratorImpl>();
+    for (uint64_t i = 0; i < draws; ++i) cpu->random();
   }
 
   at::Generator engine_;
   uint64_t seed_;
   uint64_t offset_ = 0;
+  at::Tensor mark_;  // the engine's state at (mark_seed_, mark_offset_)
+  uint64_t mark_seed_ = 0, mark_offset_ = 0;
 };
 
 std::once_flag g_defaults_once;
