@@ -7,8 +7,9 @@ per-op time, and the ratios are against "profiler off" for the same tensors.
 A profiling session is opened around each round's timed calls (its start and
 stop are not timed, and a few untimed calls warm it up).
 
-Two phases, because Kineto keeps a device profiler configured once a
-PrivateUse1 session has run (see docs/profiling.md): the first phase times
+Two phases, because Kineto keeps configuring the device profiler for every
+session once a PrivateUse1 session has run (it declines the CPU-only ones; see
+docs/profiling.md): the first phase times
 off vs profile(CPU) before any PrivateUse1 session in this process; the
 second times all three variants after one.
 

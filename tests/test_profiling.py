@@ -167,16 +167,6 @@ def test_cpu_only_profile_in_a_fresh_process_records_no_device_events() -> None:
     assert out["device"] == [] and "aten::add" in out["cpu"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "C++ (csrc/runtime/profiler.cpp): ActivityProfiler::configure returns a recording Session whatever "
-        "activity types Kineto asks for, so once a PrivateUse1 session has run, every later CPU-only session "
-        "records device events too; configure should return nullptr unless the types include one of its "
-        "availableActivities (CONCURRENT_KERNEL, PRIVATEUSE1_RUNTIME), as TorchNeuron's session maps types to "
-        "what it captures"
-    ),
-)
 def test_cpu_only_profile_after_a_device_session_records_no_device_events(tmp_path: Path) -> None:
     with profile(activities=BOTH):
         run_ops()

@@ -108,8 +108,12 @@ class ActivityProfiler final : public libkineto::IActivityProfiler {
  public:
   const std::string& name() const override { return name_; }
   const std::set<libkineto::ActivityType>& availableActivities() const override { return types_; }
-  std::unique_ptr<libkineto::IActivityProfilerSession> configure(const std::set<libkineto::ActivityType>&,
+  // A session only for profiles that ask for device activity: Kineto configures every registered child
+  // profiler for every later session, CPU-only ones included, and skips a child that returns none. Device
+  // kernels (CONCURRENT_KERNEL) are what PrivateUse1 adds; the runtime types come with ProfilerActivity.CPU too.
+  std::unique_ptr<libkineto::IActivityProfilerSession> configure(const std::set<libkineto::ActivityType>& types,
                                                                  const libkineto::Config&) override {
+    if (!types.count(libkineto::ActivityType::CONCURRENT_KERNEL)) return nullptr;
     return std::make_unique<Session>();
   }
   std::unique_ptr<libkineto::IActivityProfilerSession> configure(int64_t, int64_t,
