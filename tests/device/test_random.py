@@ -143,3 +143,30 @@ def test_checkpointing_forty_dropout_layers_matches_plain_backward(device: str) 
     plain, ckpt = run(False), run(True)
     wrong = [i for i, (a, b) in enumerate(zip(plain, ckpt, strict=True)) if not torch.equal(a, b)]
     assert wrong == []
+
+
+def _state(seed: int, offset: int) -> torch.Tensor:
+    return torch.tensor([seed, offset], dtype=torch.int64).view(torch.uint8)
+
+
+@pytest.mark.parametrize("offset", [0, 4, 32, 1000])
+def test_a_named_state_is_that_position_of_the_seeds_stream(offset: int) -> None:
+    """(seed, offset) with no snapshot behind it puts the engine `offset` draws into manual_seed(seed)'s stream:
+    rand draws once per element, so it continues CPU's rand(…) of the same seed at element `offset`."""
+    torch.manual_seed(3)
+    stream = torch.rand(offset + 64)  # CPU, the reference
+    torch.neuron.set_rng_state(_state(3, offset))
+    assert torch.equal(torch.rand(64, device="neuron").cpu(), stream[offset:])
+    # again, from a point behind the last one set (the walk restarts from the seed), and from one ahead of it
+    torch.neuron.set_rng_state(_state(3, offset // 2))
+    assert torch.equal(torch.rand(8, device="neuron").cpu(), stream[offset // 2: offset // 2 + 8])
+
+
+def test_a_state_too_far_to_walk_reseeds_deterministically() -> None:
+    far = _state(3, 1 << 40)  # a long run's state, loaded from a file: no walk of 2^40 draws
+    torch.neuron.set_rng_state(far)
+    a = torch.rand(8, device="neuron").cpu()
+    torch.neuron.set_rng_state(far)
+    assert torch.equal(torch.rand(8, device="neuron").cpu(), a)
+    torch.manual_seed(3)
+    assert not torch.equal(torch.rand(8), a)
