@@ -16,7 +16,6 @@ also as a ratio to SDPA's:
 from __future__ import annotations
 
 import argparse
-import json
 import warnings
 from collections.abc import Callable
 
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import torch_neuronx  # noqa: F401
-from torch_neuronx.testing.bench import interleaved, medians
+from torch_neuronx.testing.bench import interleaved, medians, report
 
 B, H, D = 2, 8, 64
 
@@ -89,9 +88,7 @@ def main() -> None:
     print(f"{'case':44} {'ms':>9} {'x SDPA':>7} {'peak MiB':>9} {'x SDPA':>7}")
     for name, r in results.items():
         print(f"{name:44} {r['ms']:9.2f} {r['time_vs_sdpa']:7.2f} {r['peak_mib']:9.1f} {r['memory_vs_sdpa']:7.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    report(results, args.json, show=False)
 
 
 if __name__ == "__main__":

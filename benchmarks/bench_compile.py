@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 import torch_neuronx.compile  # noqa: F401  (registers the "neuron" backend)
-from torch_neuronx.testing.bench import interleaved
+from torch_neuronx.testing.bench import interleaved, report
 from torch_neuronx.testing.models import DecoderBlock
 
 D_MODEL, HEADS, FFN, BATCH, SEQ = 256, 4, 1024, 8, 128
@@ -145,10 +145,7 @@ def main() -> None:
     }
     if not args.skip_cache:
         results["compile_cache"] = cold_warm(repeats)
-    print(json.dumps(results, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    report(results, args.json)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,12 @@ reading the machine, configuring the cores).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
+
+from torch_neuronx.testing.bench import report  # the parent only; children time the imports
 
 CHILD = """
 import time
@@ -62,10 +63,7 @@ def main() -> None:
         "first_device_tensor_ms": ms(first),
         "rounds": args.rounds,
     }
-    print(json.dumps(results, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    report(results, args.json)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,12 @@ variable-length run measures fragmentation.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 
 import torch
 
 import torch_neuronx  # noqa: F401
-from torch_neuronx.testing.bench import side_by_side
+from torch_neuronx.testing.bench import report, side_by_side
 from torch_neuronx.testing.models import TinyLM, lm_batch
 
 KIB = 1 << 10
@@ -102,10 +101,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     results = {"elementwise": elementwise_cases(args.quick), "alloc_free_64KiB": alloc_free(args.quick),
                "training": training_cases(args.quick), "fragmentation": fragmentation(args.quick)}
-    print(json.dumps(results, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    report(results, args.json)
 
 
 if __name__ == "__main__":

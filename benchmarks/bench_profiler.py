@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 from collections.abc import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import torch_neuronx  # noqa: F401
-from torch_neuronx.testing.bench import medians, timed
+from torch_neuronx.testing.bench import medians, report, timed
 
 KIB = 1 << 10
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
@@ -80,10 +79,7 @@ def main() -> None:
     for (device, label), x in tensors.items():
         name = f"{device} x * 2.0, {label}"
         results["after"][name] = case(x, ["off", "cpu", "cpu+device"], calls[label], reps)
-    print(json.dumps(results, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    report(results, args.json)
 
 
 if __name__ == "__main__":

@@ -43,3 +43,15 @@ def side_by_side(cpu: Callable[[], object], dev: Callable[[], object], inner: in
     """Median seconds per call of a CPU and a neuron variant, timed in alternating rounds."""
     m = medians(interleaved({"cpu": cpu, "neuron": dev}, reps, inner, warmup=1))
     return m["cpu"], m["neuron"]
+
+
+def report(results: object, json_path: str | None, show: bool = True) -> None:
+    """A benchmark's results: printed as JSON (unless the benchmark prints its own table), and written to
+    ``--json`` when given."""
+    import json
+
+    if show:
+        print(json.dumps(results, indent=2))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=2)
