@@ -1,5 +1,5 @@
 """The package's dependencies run one way: runtime <- metrics <- device <- {compile, distributed} <- profiling
-<- {tools, testing}.
+<- {tools, testing} <- check (the job-side markers of `torch-neuronx check`).
 
 Every import in every module (function-level ones included) is checked
 against the layer it belongs to; the C++ core (`_C`) and `patches` (PyTorch
@@ -26,6 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "profiling": {"runtime", "device", "distributed"},
     "tools": {"runtime", "metrics", "device", "compile", "distributed", "profiling", "testing"},
     "testing": {"runtime", "metrics", "device", "compile", "distributed", "profiling"},
+    "check": {"tools"},
 }
 BELOW_ALL = {"_C", "patches"}
 

@@ -115,3 +115,38 @@ def test_flex_lowering_still_sends_other_devices_to_triton() -> None:
     source = inspect.getsource(patches.ORIGINALS["flex_attention_lowering"])
     assert 'get_device().type == "cpu"' in source and "lower_cpu" in source
     assert "cuda path if device is not cpu or mps" in source
+
+
+def test_check_hooks_still_missing_from_torch() -> None:
+    """`torch-neuronx check` wraps torch.autograd.backward, torch.save and DeviceMesh.__init__ (patch_for_check)
+    because torch has no hook for a backward call's root, for serialization, or for mesh creation."""
+    import torch.autograd.graph
+    import torch.serialization
+    from torch.distributed import device_mesh
+
+    hooks = [n for n in dir(torch.autograd.graph) if "register" in n and not n.startswith("_")]
+    assert hooks == ["register_multi_grad_hook"], hooks  # per-tensor hooks only, none per backward call
+    assert not [n for n in dir(torch.serialization) if "hook" in n.lower()]
+    public = [n for n in dir(device_mesh) if not n.startswith("_")]
+    assert not [n for n in public if "register" in n.lower() or "hook" in n.lower()], public
+
+
+def test_check_patches_pass_calls_through_and_report() -> None:
+    """In a child process with the probe's patches: results unchanged, and each observer sees its call."""
+    code = r"""
+import os, tempfile, torch
+from torch_neuronx import patches
+seen = []
+patches.patch_for_check(lambda t: seen.append("backward"), lambda obj, f: seen.append(("save", f)),
+                        lambda mesh: seen.append("mesh"))
+patches.patch_for_check(None, None, None)  # idempotent: the second call changes nothing
+x = torch.ones(3, requires_grad=True)
+(x * 2).sum().backward()
+path = os.path.join(tempfile.mkdtemp(), "t.pt")
+torch.save({"x": x.detach()}, path)
+assert torch.equal(torch.load(path)["x"], torch.ones(3)) and torch.equal(x.grad, torch.full((3,), 2.0))
+print(seen[0], seen[1] == ("save", path), len(seen))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["backward", "True", "2"]

@@ -62,6 +62,18 @@ def _register() -> None:
 
 if not hasattr(torch, "neuron"):
     _register()
+    from torch_neuronx.runtime import env as _env
+
+    if _env.get("TORCH_NEURONX_CHECK_DIR"):  # launched by `torch-neuronx check`: watch this process
+        try:
+            from torch_neuronx.tools.check import probe as _probe
+
+            _probe.install()
+        except Exception as _e:  # the checker reports a job without measurements; the job itself still runs
+            import warnings
+
+            warnings.warn(f"torch-neuronx check could not watch this process: {type(_e).__name__}: {_e}",
+                          stacklevel=1)
 
 # TorchNeuron's top level: where torch.neuron has the name, the very same function.
 from torch_neuronx.compile import get_dynamo_metrics, reset_dynamo_metrics  # noqa: E402

@@ -252,3 +252,53 @@ def _flex_pass_missing() -> NotImplementedError:
         "(torch_neuronx.compile.flex.PASS) is not in torch._inductor.config.pre_grad_custom_pass. "
         "If you set that option, keep the neuron pass in it, e.g. [your_pass, torch_neuronx.compile.flex.PASS]."
     )
+
+
+# ---------------------------------------------------------------- torch-neuronx check
+# `torch-neuronx check` watches a user's unmodified job from inside its
+# processes (tools/check/probe.py). Three things it needs have no hook in
+# torch 2.13: the tensor a backward pass starts from (the loss: autograd has
+# global hooks per Node, none per backward call), the files torch.save
+# writes (torch.serialization has no save hook), and the DeviceMeshes a job
+# builds (device_mesh keeps no registry: only a context-manager stack). The
+# wrappers call the original first or after recording, never change
+# arguments or results, and are applied only in the checker's child processes
+# (TORCH_NEURONX_CHECK_DIR set). Test: test_check_hooks_still_missing_from_torch.
+
+
+def patch_for_check(on_backward: Callable[[Any], None], on_save: Callable[[Any, Any], None],
+                    on_mesh: Callable[[Any], None]) -> None:
+    import torch.autograd
+    import torch.serialization
+
+    if getattr(torch.autograd.backward, "_neuron_check", False):
+        return
+    backward, save = torch.autograd.backward, torch.serialization.save
+    ORIGINALS["autograd.backward"], ORIGINALS["save"] = backward, save
+
+    @functools.wraps(backward)
+    def checked_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        on_backward(tensors)
+        return backward(tensors, *args, **kwargs)
+
+    @functools.wraps(save)
+    def checked_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        result = save(obj, f, *args, **kwargs)
+        on_save(obj, f)
+        return result
+
+    checked_backward._neuron_check = True  # type: ignore[attr-defined]
+    torch.autograd.backward = checked_backward
+    torch.serialization.save = torch.save = checked_save
+    if torch.distributed.is_available():
+        from torch.distributed.device_mesh import DeviceMesh
+
+        init = DeviceMesh.__init__
+        ORIGINALS["DeviceMesh.__init__"] = init
+
+        @functools.wraps(init)
+        def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            on_mesh(self)
+
+        DeviceMesh.__init__ = checked_init  # type: ignore[method-assign]

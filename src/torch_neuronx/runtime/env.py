@@ -71,6 +71,15 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("TORCH_NEURONX_ENABLED_METRIC_TABLES", "list", "",
              "metric tables written as CSV at exit; the one table is graph_stats"),
     Variable("TORCH_NEURONX_METRICS_DIR", "path", "/tmp", "where the metric tables are written"),
+    # -- torch-neuronx check (set by the checker in the processes it launches)
+    Variable("TORCH_NEURONX_CHECK_DIR", "path", "", "where a process launched by `torch-neuronx check` writes "
+             "its measurements; set, `import torch_neuronx` installs the checker's probe",
+             "an emulator extension (docs/check.md)"),
+    Variable("TORCH_NEURONX_CHECK_RANKS_ONLY", "bool", False, "1: the checker's probe watches only processes with "
+             "RANK set (the job runs under torchrun; its agent is not watched)",
+             "an emulator extension (docs/check.md)"),
+    Variable("TORCH_NEURONX_CHECK_LAUNCH_TIME", "str", "", "the Unix time `torch-neuronx check` launched the job "
+             "(for the startup time)", "an emulator extension (docs/check.md)"),
     # -- distributed
     Variable("COLLECTIVE_BUCKETSIZE_IN_MB", "int", 512,
              "the bucket size of large collectives: all-gathers and reduce-scatters over it run in pieces of it",

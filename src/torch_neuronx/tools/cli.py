@@ -68,9 +68,18 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command")
     p_info = sub.add_parser("info", help="the emulated instance, cores, HBM, memory in use, versions")
     p_info.add_argument("--json", action="store_true", help="print JSON")
+    from torch_neuronx.tools.check import cli as check_cli
+    from torch_neuronx.tools.plan import cli as plan_cli
+
+    check_cli.add_parser(sub)
+    plan_cli.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command in (None, "info"):
         return info(getattr(args, "json", False))
+    if args.command == "check":
+        return check_cli.run(args)
+    if args.command == "plan":
+        return plan_cli.run(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

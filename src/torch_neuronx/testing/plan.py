@@ -1,0 +1,31 @@
+"""Model configs the planner's tests and docs share: tiny GQA decoders that run in seconds, and Llama-3-8B's shape.
+
+The tiny ones are small enough to run one real training step per layout on
+four emulated cores (``torch-neuronx plan --measure``) yet large enough
+that weights, optimizer state and activations all count in the peak.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Llama-3-8B's published shape (meta-llama/Meta-Llama-3-8B config.json): GQA, 32 query and 8 key/value heads.
+LLAMA3_8B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "max_position_embeddings": 8192, "rope_theta": 500000.0, "tie_word_embeddings": False}
+
+
+def tiny_llama() -> Any:
+    """Llama, 2 layers, hidden 128, 4 query / 2 key-value heads (GQA), vocabulary 256."""
+    from torch_neuronx.testing import hf
+
+    return hf.llama_config(max_positions=64, layers=2, hidden=128, heads=4, kv_heads=2, vocab=256)
+
+
+def tiny_mistral() -> Any:
+    """Mistral (another GQA decoder), 2 layers, hidden 128, 8 query / 4 key-value heads."""
+    from transformers import MistralConfig
+
+    return MistralConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=64, pad_token_id=0,
+                         bos_token_id=2, eos_token_id=3)

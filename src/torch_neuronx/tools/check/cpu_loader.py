@@ -1,0 +1,107 @@
+"""Load a job's checkpoints where Trainium is absent: a fresh CPU process that cannot import torch_neuronx.
+
+Run by path (``python cpu_loader.py`` with ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``)
+by `torch-neuronx check`, never imported by the plugin's processes except for
+:func:`tensor_digest`, so it imports nothing of torch_neuronx. It reads a JSON
+request on stdin and prints one JSON line: for each checkpoint, whether it
+loads the way portable code loads it (``torch.load(..., map_location="cpu",
+weights_only=True)``, safetensors, ``from_pretrained``), the digest of every
+tensor, the devices the tensors were saved from, and for a Hugging Face
+directory the logits on a fixed batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from typing import Any
+
+import torch
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    """sha256 of a tensor's values in row-major order (the same on any device; 16-bit floats by their bits)."""
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    cpu = t.detach().to("cpu").contiguous()
+    if cpu.dtype in (torch.bfloat16, torch.float16):
+        cpu = cpu.view(torch.int16)
+    elif cpu.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.bool):
+        cpu = cpu.view(torch.uint8)
+    data = cpu.numpy().tobytes() if cpu.numel() else b""
+    return hashlib.sha256(data + str((tuple(cpu.shape), str(t.dtype))).encode()).hexdigest()[:32]
+
+
+def flat_tensors(obj: Any, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor in a nested dict / list / tuple, by a dotted path."""
+    out: dict[str, torch.Tensor] = {}
+    if isinstance(obj, torch.Tensor):
+        if type(obj) is not torch.Tensor and hasattr(obj, "full_tensor"):  # a DTensor: its global value
+            obj = obj.full_tensor()
+        out[prefix or "."] = obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(flat_tensors(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            out.update(flat_tensors(v, f"{prefix}.{i}" if prefix else str(i)))
+    return out
+
+
+def _describe(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    nonfinite = [k for k, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    return {"tensors": {k: tensor_digest(t) for k, t in tensors.items()}, "nonfinite": nonfinite}
+
+
+def load_torch(path: str) -> dict[str, Any]:
+    locations: set[str] = set()
+
+    def where(storage: Any, location: str) -> Any:
+        locations.add(location.split(":")[0])
+        return storage
+
+    obj = torch.load(path, map_location=where, weights_only=True)
+    return {**_describe(flat_tensors(obj)), "saved_from": sorted(locations)}
+
+
+def load_safetensors(path: str) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return _describe(load_file(path, device="cpu"))
+
+
+def load_hf(path: str, probe_ids: list[int] | None) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    out = _describe(dict(model.state_dict()))
+    if probe_ids:
+        ids = torch.tensor([probe_ids]) % model.config.vocab_size
+        with torch.no_grad():
+            out["probe_logits"] = model(ids).logits.float().tolist()
+    return out
+
+
+def main() -> None:
+    request = json.loads(sys.stdin.read())
+    report: dict[str, Any] = {}
+    for item in request["items"]:
+        path, kind = item["path"], item["kind"]
+        try:
+            if kind == "hf":
+                found = load_hf(path, request.get("probe_ids"))
+            elif kind == "safetensors":
+                found = load_safetensors(path)
+            else:
+                found = load_torch(path)
+            report[path] = {"ok": True, **found}
+        except Exception as e:  # every failure is the finding, reported with its message
+            report[path] = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:1500]}"}
+    report["_neuron_loaded"] = "torch_neuronx" in sys.modules and sys.modules["torch_neuronx"] is not None
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    sys.modules["torch_neuronx"] = None  # type: ignore[assignment]  # the plugin must not be importable here
+    main()

@@ -1,0 +1,90 @@
+"""The job `torch-neuronx check --hf-model DIR` runs when there is no script: SFT steps, then greedy generation.
+
+    python -m torch_neuronx.tools.check.hf_workload --model DIR --task all --device neuron --out OUT
+
+The same command with ``--device cpu`` is the reference. SFT: a few steps of
+TRL's SFTTrainer on a small built-in corpus (fp32, rows padded to 128 on both
+devices so the shapes are Trainium's), then ``save_model`` to OUT and the
+trained model's logits on a fixed batch recorded as ``probe_logits`` (the
+checker loads OUT on CPU and compares). Generation: greedy ``generate`` with
+the static cache, three prompts of one length, each a step; the tokens are
+recorded. On neuron, transformers compiles the decode step with the "neuron"
+backend by itself; on CPU it runs eagerly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from torch_neuronx.testing import hf as tiny_hf  # noqa: E402
+from torch_neuronx.tools.check import probe as check  # noqa: E402  (the markers of torch_neuronx.check)
+from torch_neuronx.tools.check.verdicts import PROBE_IDS  # noqa: E402
+
+PROMPTS = ["the cat sat on", "a dog ran to", "the bird flew over"]
+
+
+def load_tokenizer(model_dir: Path):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError):  # a directory with weights only: the built-in word-level tokenizer
+        return tiny_hf.tokenizer()
+
+
+def sft(model_dir: Path, device: str, out: Path, steps: int = 4) -> None:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    from trl import SFTConfig, SFTTrainer
+
+    tok = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    args = SFTConfig(output_dir=str(out / "trainer"), use_cpu=device == "cpu", report_to=[], save_strategy="no",
+                     logging_steps=1, seed=0, disable_tqdm=True, dataloader_num_workers=0, max_steps=steps,
+                     per_device_train_batch_size=2, learning_rate=5e-3, max_length=64, packing=False,
+                     pad_to_multiple_of=128, bf16=False)  # fp32: the checkpoint is compared exactly
+    data = Dataset.from_dict({"text": tiny_hf.corpus(4 * steps)})
+    trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok)
+    trainer.train()
+    trainer.save_model(str(out))
+    with torch.no_grad():
+        ids = torch.tensor([PROBE_IDS], device=trainer.model.device) % trainer.model.config.vocab_size
+        check.record("probe_logits", trainer.model(ids).logits)
+
+
+def generate(model_dir: Path, device: str, new_tokens: int = 8) -> None:
+    from transformers import AutoModelForCausalLM
+
+    tok = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                 device_map="neuron" if device == "neuron" else None)
+    for i, prompt in enumerate(PROMPTS):
+        ids = tok([prompt], return_tensors="pt")["input_ids"][:, :4].to(model.device)  # one length: one graph
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False, cache_implementation="static",
+                             disable_compile=device == "cpu", pad_token_id=model.config.pad_token_id)
+        check.record(f"generated_{i}", out)
+        check.step()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, type=Path)
+    parser.add_argument("--task", default="all", choices=("generate", "sft", "all"))
+    parser.add_argument("--device", default="neuron", choices=("neuron", "cpu"))
+    parser.add_argument("--out", required=True, type=Path)
+    args = parser.parse_args(argv)
+    if args.task in ("sft", "all"):
+        sft(args.model, args.device, args.out)
+    if args.task in ("generate", "all"):
+        generate(args.model, args.device)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,389 @@
+"""The checker's eyes inside a job: what each process of a `torch-neuronx check` run did, step by step.
+
+``torch-neuronx check`` launches the user's job with ``TORCH_NEURONX_CHECK_DIR``
+set; ``import torch_neuronx`` (autoloaded by ``import torch``) then calls
+:func:`install`, and nothing else in the plugin changes. Without the variable
+this module is never imported: the job pays nothing.
+
+Each process appends JSON lines to ``<dir>/rank<R>.jsonl``: ``start``, one
+``step`` per optimizer step (or per :func:`torch_neuronx.check.step` marker,
+which takes over once used), ``record`` (values the job asks to compare),
+``save`` (what ``torch.save`` wrote, with a digest of every tensor),
+``mesh`` (each root DeviceMesh built), ``error`` (an uncaught exception) and
+``end``. A step carries the losses backward started from, the top-level
+modules' output shapes, tokens and examples fed, device memory of the
+process's cores, compilations (with reasons), graph breaks, CPU-fallback ops
+and collective bytes, each as the change since the previous step. The
+launcher reads the files while the job runs (progress) and after it
+(verdicts), so every line is flushed as it is written.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+import weakref
+from typing import Any
+
+import torch
+
+from torch_neuronx.runtime import env
+from torch_neuronx.tools.check.cpu_loader import flat_tensors, tensor_digest
+
+_probe: Probe | None = None
+
+
+def active() -> Probe | None:
+    return _probe
+
+
+def step(loss: torch.Tensor | float | None = None) -> None:
+    """End a step; `loss` (optional) is the step's loss, else the loss backward started from. Without the
+    checker: nothing."""
+    if _probe is not None:
+        _probe.marker(loss)
+
+
+def record(name: str, value: Any) -> None:
+    """Record a value (tensor, number, nested list) under `name`, to compare with the reference run's. Without
+    the checker: nothing."""
+    if _probe is None:
+        return
+    if isinstance(value, torch.Tensor):
+        value = value.detach().to("cpu")
+        value = value.float().tolist() if value.is_floating_point() else value.tolist()
+    _probe.emit("record", name=name, value=value)
+
+
+def _shapes(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return list(out.shape)
+    if isinstance(out, dict):
+        return {str(k): _shapes(v) for k, v in out.items() if _shapes(v) is not None}
+    if isinstance(out, (list, tuple)):
+        return [_shapes(v) for v in out[:8]]
+    if hasattr(out, "to_tuple"):  # transformers' ModelOutput
+        return _shapes(dict(out))
+    return None
+
+
+def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    if isinstance(kwargs.get("input_ids"), torch.Tensor):
+        return kwargs["input_ids"]
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, torch.Tensor):
+            return v
+    return None
+
+
+class Probe:
+    """Per-process state: the step being measured and the event file."""
+
+    def __init__(self, directory: str) -> None:
+        self.rank = int(os.environ.get("RANK", "0") or 0)
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f"rank{self.rank}.jsonl")
+        try:  # the rank's first process owns its file; processes it spawns (data workers) write beside it
+            self._file = open(path, "x", buffering=1)  # noqa: SIM115
+        except FileExistsError:
+            self._file = open(path[:-6] + f".{os.getpid()}.jsonl", "a", buffering=1)  # noqa: SIM115
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._step = 0
+        self._marker_seen = False
+        self._optimizer: int | None = None
+        self._losses: list[torch.Tensor] = []
+        self._explicit_loss: float | None = None
+        self._shapes: list[Any] = []
+        self._tokens = 0
+        self._examples = 0
+        self._first_forward: float | None = None
+        self._models: list[weakref.ref[torch.nn.Module]] = []
+        self._compile = {"graphs": 0, "recompilations": 0, "seconds": 0.0, "breaks": 0}
+        self._comm: dict[str, dict[str, int]] = {}
+        self._fallbacks: dict[str, int] = {}
+        self._capacity: dict[int, int] = {}
+        self._cores: set[int] = set()
+        self._ended = False
+
+    # ------------------------------------------------------------ events
+    def emit(self, kind: str, **data: Any) -> None:
+        line = json.dumps({"e": kind, "t": time.time(), **data}, default=str)
+        with self._lock:
+            if not self._file.closed:
+                self._file.write(line + "\n")
+
+    # ------------------------------------------------------------ hooks
+    def forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if torch.compiler.is_compiling():
+            return
+        if self._depth == 0 and self._first_forward is None:
+            self._first_forward = time.time()
+            self.emit("first_forward")
+        self._depth += 1
+
+    def forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     out: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
+        self._depth = max(0, self._depth - 1)
+        if self._depth:
+            return
+        if not any(r() is module for r in self._models):
+            self._models.append(weakref.ref(module))
+        x = _first_tensor(args, kwargs)
+        if x is not None and x.device.type == "neuron" and x.device.index is not None:
+            self._cores.add(x.device.index)
+        if x is not None and x.dim() >= 1:
+            self._examples += int(x.shape[0])
+            if not x.is_floating_point() and x.dim() >= 2:
+                self._tokens += int(x.numel())
+        if len(self._shapes) < 16:
+            self._shapes.append({"module": type(module).__name__, "output": _shapes(out)})
+
+    def on_backward(self, tensors: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
+        root = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
+        if isinstance(root, torch.Tensor) and root.numel() == 1:
+            if hasattr(root, "to_local") and type(root) is not torch.Tensor:
+                root = root.full_tensor()
+            self._losses.append(root.detach())
+
+    def on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._marker_seen:
+            return
+        if self._optimizer is None:
+            self._optimizer = id(optimizer)
+        if id(optimizer) == self._optimizer:  # one step per step of the first optimizer (GANs have two)
+            self.end_step()
+
+    def end_step(self) -> None:
+        try:
+            self._end_step()
+        except Exception as e:  # a measurement that fails is reported, never raised into the job
+            self.emit("probe_error", where="step", message=f"{type(e).__name__}: {e}")
+            self._step += 1
+
+    def on_save(self, obj: Any, f: Any) -> None:
+        if not isinstance(f, (str, os.PathLike)):
+            return
+        try:
+            digests = {k: {"digest": tensor_digest(t), "shape": list(t.shape), "dtype": str(t.dtype),
+                           "device": t.device.type} for k, t in flat_tensors(obj).items()}
+        except Exception as e:  # a tensor we cannot read is reported, never raised into the job
+            digests = {"?": {"error": f"{type(e).__name__}: {e}"}}
+        self.emit("save", path=os.path.abspath(os.fspath(f)), tensors=digests)
+
+    def on_mesh(self, mesh: Any) -> None:
+        try:
+            if mesh._get_root_mesh() is not mesh:
+                return
+            coord = mesh.get_coordinate()
+            self.emit("mesh", shape=list(mesh.mesh.shape), names=list(mesh.mesh_dim_names or ()),
+                      device_type=mesh.device_type, ranks=mesh.mesh.flatten().tolist(),
+                      coordinate=list(coord) if coord is not None else None)
+        except Exception as e:
+            self.emit("mesh", error=f"{type(e).__name__}: {e}")
+
+    # ------------------------------------------------------------ steps
+    def marker(self, loss: Any = None) -> None:
+        self._marker_seen = True
+        if loss is not None:
+            self._explicit_loss = float(loss.detach().float().item() if isinstance(loss, torch.Tensor) else loss)
+        self.end_step()
+
+    def _end_step(self) -> None:
+        losses = [float(t.float().item()) for t in self._losses]
+        if self._explicit_loss is not None:
+            losses = [self._explicit_loss]
+        loss = sum(losses) / len(losses) if losses else None
+        self.emit("step", i=self._step, loss=loss, losses=losses,
+                  finite=all(v == v and abs(v) != float("inf") for v in losses),
+                  shapes=self._shapes, tokens=self._tokens, examples=self._examples,
+                  memory=self._memory(), world_size=_world_size(), **self._deltas())
+        self._step += 1
+        self._losses, self._shapes, self._explicit_loss = [], [], None
+        self._tokens = self._examples = 0
+        self._depth = 0
+
+    def _memory(self) -> list[dict[str, Any]]:
+        """The cores this process works on (its current core and those its models' inputs were on): allocated
+        now, peak so far, reserved, capacity. Raw allocator statistics: torch.neuron.memory_stats flattens every
+        key (0.6 ms a call)."""
+        device = torch.neuron
+        if not device.is_initialized():
+            return []
+        cores = []
+        for i in sorted(self._cores | {device.current_device()}):
+            stats = torch._C._accelerator_getDeviceStats(i)
+            allocated = stats.get("allocated_bytes", {}).get("all", {})
+            if allocated.get("peak"):
+                if i not in self._capacity:
+                    self._capacity[i] = device.get_device_properties(i).total_memory
+                cores.append({"device": i, "allocated": allocated["current"], "peak": allocated["peak"],
+                              "reserved": stats["reserved_bytes"]["all"]["current"], "capacity": self._capacity[i]})
+        return cores
+
+    def _deltas(self) -> dict[str, Any]:
+        from torch_neuronx.compile import metrics
+        from torch_neuronx.tools import op_tracker
+
+        snap = metrics.snapshot()
+        seen = self._compile
+        new_recompiles = snap["recompile_reasons"][seen["recompilations"]:]
+        compile_delta = {"graphs": snap["graphs_compiled"] - seen["graphs"],
+                         "seconds": round(snap["compile_seconds"] - seen["seconds"], 4),
+                         "graph_breaks": snap["graph_breaks"]["count"] - seen["breaks"],
+                         "recompiles": [{"function": r["function"], "reason": r["reason"]} for r in new_recompiles]}
+        self._compile = {"graphs": snap["graphs_compiled"], "recompilations": snap["recompilations"],
+                         "seconds": snap["compile_seconds"], "breaks": snap["graph_breaks"]["count"]}
+        fallbacks = op_tracker.fallback_ops()
+        before = self._fallbacks
+        new_fallbacks = {k: n - before.get(k, 0) for k, n in fallbacks.items() if n > before.get(k, 0)}
+        self._fallbacks = fallbacks
+        comm = _comm_stats()
+        comm_delta = {k: {"calls": v["calls"] - self._comm.get(k, {}).get("calls", 0),
+                          "bytes": v["bytes"] - self._comm.get(k, {}).get("bytes", 0)} for k, v in comm.items()}
+        self._comm = comm
+        return {"compile": compile_delta, "fallbacks": new_fallbacks,
+                "comm": {k: v for k, v in comm_delta.items() if v["calls"]}}
+
+    # ------------------------------------------------------------ end
+    def wrappers(self) -> list[dict[str, Any]]:
+        """The models this process ran (top-level modules; a submodule recomputed by activation checkpointing
+        during backward is called at the top level too, and is left out)."""
+        models = [m for m in (r() for r in self._models) if m is not None]
+        inner = {id(sub) for m in models for sub in m.modules() if sub is not m}
+        return [describe_wrappers(m) for m in models if id(m) not in inner]
+
+    def finish(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        if self._losses or self._shapes:  # work after the last optimizer step (evaluation, generation)
+            self.end_step()
+        from torch_neuronx.compile import metrics
+
+        try:
+            wrappers = self.wrappers()
+        except Exception as e:
+            wrappers = [{"error": f"{type(e).__name__}: {e}"}]
+        snap = metrics.snapshot()
+        self.emit("end", compile={"functions": snap["functions"], "graph_breaks": snap["graph_breaks"],
+                                  "compile_seconds": snap["compile_seconds"],
+                                  "graphs": snap["graphs_compiled"]},
+                  wrappers=wrappers, world_size=_world_size())
+        with self._lock:
+            self._file.close()
+
+    def excepthook(self, kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        self.emit("error", type=f"{kind.__module__}.{kind.__qualname__}", message=str(value)[:4000],
+                  traceback="".join(traceback.format_exception(kind, value, tb))[-6000:])
+
+
+def _comm_stats() -> dict[str, dict[str, int]]:
+    """Collectives of every neuron process group of this process (the world and each mesh dimension's), summed."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return {}
+    from torch.distributed import distributed_c10d
+
+    from torch_neuronx import distributed
+
+    total: dict[str, dict[str, int]] = {}
+    for group in list(distributed_c10d._world.pg_map):
+        try:
+            stats = distributed.comm_stats(group)
+        except Exception:  # not a neuron group (gloo on a CPU reference run)
+            continue
+        for name, s in stats.items():
+            t = total.setdefault(name, {"calls": 0, "bytes": 0})
+            t["calls"] += s["calls"]
+            t["bytes"] += s["bytes"]
+    return total
+
+
+def _world_size() -> int | None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return None
+
+
+def describe_wrappers(model: torch.nn.Module) -> dict[str, Any]:
+    """How `model` is wrapped for distribution: DDP, FSDP (1 and 2), DTensor parameters, and wrapping twice."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp, fsdp1, fsdp2, double = [], [], [], []
+    fsdp2_cls = fsdp1_cls = None
+    if torch.distributed.is_available():
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+        fsdp2_cls, fsdp1_cls = FSDPModule, FullyShardedDataParallel
+    for name, m in model.named_modules():
+        kinds = []
+        if isinstance(m, DistributedDataParallel):
+            ddp.append(name or "<root>")
+            kinds.append("DDP")
+        if fsdp1_cls is not None and isinstance(m, fsdp1_cls):
+            fsdp1.append(name or "<root>")
+            kinds.append("FSDP")
+        if fsdp2_cls is not None and isinstance(m, fsdp2_cls):
+            fsdp2.append(name or "<root>")
+            kinds.append("fully_shard")
+        inner = getattr(m, "module", None)
+        if kinds and isinstance(inner, torch.nn.Module) and inner is not m:
+            for inner_kind, cls in (("DDP", DistributedDataParallel), ("FSDP", fsdp1_cls), ("fully_shard", fsdp2_cls)):
+                if cls is not None and isinstance(inner, cls):
+                    double.append(f"{'+'.join(kinds)} at {name or '<root>'} wraps {inner_kind} at "
+                                  f"{name + '.module' if name else 'module'}")
+        if fsdp2_cls is not None and "DDP" in kinds and any(isinstance(s, fsdp2_cls) for s in m.modules()):
+            double.append(f"DDP at {name or '<root>'} wraps a module sharded with fully_shard")
+    dtensors, meshes = 0, set()
+    for p in model.parameters():
+        mesh = getattr(p, "device_mesh", None)
+        if mesh is not None:
+            dtensors += 1
+            root = mesh._get_root_mesh()
+            meshes.add((tuple(root.mesh.shape), tuple(root.mesh_dim_names or ())))
+    return {"model": type(model).__name__, "ddp": ddp, "fsdp": fsdp1, "fully_shard": fsdp2,
+            "dtensor_parameters": dtensors, "parameters": sum(1 for _ in model.parameters()),
+            "parameter_meshes": [{"shape": list(s), "names": list(n)} for s, n in sorted(meshes)],
+            "double_wrapped": sorted(set(double))}
+
+
+def install() -> Probe | None:
+    """Start watching this process (called by ``import torch_neuronx`` when TORCH_NEURONX_CHECK_DIR is set)."""
+    global _probe
+    directory = env.get("TORCH_NEURONX_CHECK_DIR")
+    if _probe is not None or not directory:
+        return _probe
+    if env.get("TORCH_NEURONX_CHECK_RANKS_ONLY") and "RANK" not in os.environ:
+        return None  # torchrun's agent: it runs no step
+    from torch_neuronx import patches
+
+    probe = _probe = Probe(os.path.expanduser(directory))
+    launched = env.get("TORCH_NEURONX_CHECK_LAUNCH_TIME")
+    probe.emit("start", pid=os.getpid(), world_size=probe.world_size, argv=sys.argv,
+               launched=float(launched) if launched else None,
+               local_rank=int(os.environ.get("LOCAL_RANK", "0") or 0))
+    torch.nn.modules.module.register_module_forward_pre_hook(probe.forward_pre)
+    torch.nn.modules.module.register_module_forward_hook(probe.forward_post, with_kwargs=True)
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(probe.on_optimizer_step)
+    patches.patch_for_check(probe.on_backward, probe.on_save, probe.on_mesh)
+    previous = sys.excepthook
+
+    def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        probe.excepthook(kind, value, tb)
+        previous(kind, value, tb)
+
+    sys.excepthook = excepthook
+    atexit.register(probe.finish)
+    return probe

@@ -1,0 +1,167 @@
+"""What one run of a job did, read back from the event files its processes wrote (tools/check/probe.py).
+
+:func:`read_run` turns ``rank<R>.jsonl`` files into :class:`RankRun` objects
+with the figures the verdicts and the report need: startup, per-step
+durations, the warm-up / steady-state split (the steady state starts after
+the last compilation), step-time percentiles, throughput and peak memory.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class RankRun:
+    rank: int
+    start: dict[str, Any] | None = None
+    first_forward: float | None = None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    records: dict[str, Any] = field(default_factory=dict)
+    saves: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> the last save's digests
+    meshes: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    probe_errors: list[dict[str, Any]] = field(default_factory=list)
+    end: dict[str, Any] | None = None
+    last_event: float | None = None
+    log_tail: str = ""
+
+    # -------------------------------------------------------------- status
+    @property
+    def status(self) -> str:
+        """ok (ran to its end), error (an uncaught exception), or stopped (killed, hung, or never finished)."""
+        if self.errors:
+            return "error"
+        return "ok" if self.end is not None else "stopped"
+
+    # -------------------------------------------------------------- time
+    @property
+    def launched(self) -> float | None:
+        return (self.start or {}).get("launched")
+
+    @property
+    def startup_s(self) -> float | None:
+        """From launch to the first forward call: imports, model build and load, data set-up."""
+        if self.launched is None or self.first_forward is None:
+            return None
+        return self.first_forward - self.launched
+
+    def durations(self) -> list[float]:
+        """Seconds of each step: from the previous step's end (the first forward for step 0)."""
+        out, previous = [], self.first_forward
+        for s in self.steps:
+            out.append(s["t"] - previous if previous is not None else float("nan"))
+            previous = s["t"]
+        return out
+
+    @property
+    def warmup_steps(self) -> int:
+        """Steps up to and including the last one that compiled: the steady state starts after it."""
+        last = -1
+        for s in self.steps:
+            if s.get("compile", {}).get("graphs", 0):
+                last = s["i"]
+        return last + 1
+
+    def steady(self) -> list[int]:
+        return [s["i"] for s in self.steps][self.warmup_steps:]
+
+    def step_time(self) -> dict[str, float] | None:
+        """Percentiles of the steady-state step time (None without a steady state)."""
+        d = self.durations()
+        times = [d[i] for i in range(self.warmup_steps, len(d)) if d[i] == d[i]]
+        if not times:
+            return None
+        p = np.percentile(times, [50, 90, 99])
+        return {"p50": float(p[0]), "p90": float(p[1]), "p99": float(p[2]), "mean": float(np.mean(times)),
+                "steps": len(times)}
+
+    def throughput(self) -> dict[str, float] | None:
+        d = self.durations()
+        idx = [i for i in range(self.warmup_steps, len(d)) if d[i] == d[i]]
+        seconds = sum(d[i] for i in idx)
+        if not idx or seconds <= 0:
+            return None
+        tokens = sum(self.steps[i].get("tokens", 0) for i in idx)
+        examples = sum(self.steps[i].get("examples", 0) for i in idx)
+        return {"tokens_per_s": tokens / seconds, "examples_per_s": examples / seconds}
+
+    def compile_seconds(self) -> float:
+        if self.end:
+            return float(self.end.get("compile", {}).get("compile_seconds", 0.0))
+        return float(sum(s.get("compile", {}).get("seconds", 0.0) for s in self.steps))
+
+    # -------------------------------------------------------------- memory
+    def peak_memory(self) -> dict[int, dict[str, int]]:
+        """Core -> the highest peak seen and its capacity."""
+        out: dict[int, dict[str, int]] = {}
+        for s in self.steps:
+            for c in s.get("memory", []):
+                cur = out.setdefault(c["device"], {"peak": 0, "capacity": c["capacity"]})
+                cur["peak"] = max(cur["peak"], c["peak"])
+        return out
+
+    def losses(self) -> list[float | None]:
+        return [s.get("loss") for s in self.steps]
+
+    def summary(self) -> dict[str, Any]:
+        """This rank as the JSON report's ``ranks`` entry."""
+        return {
+            "rank": self.rank, "status": self.status, "startup_s": self.startup_s, "steps": len(self.steps),
+            "warmup_steps": self.warmup_steps, "step_time_s": self.step_time(), "throughput": self.throughput(),
+            "compile_seconds": self.compile_seconds(),
+            "graphs": (self.end or {}).get("compile", {}).get("graphs"),
+            "graph_breaks": (self.end or {}).get("compile", {}).get("graph_breaks"),
+            "memory": [{"device": d, **v} for d, v in sorted(self.peak_memory().items())],
+            "meshes": self.meshes, "wrappers": (self.end or {}).get("wrappers", []),
+            "world_size": next((s["world_size"] for s in reversed(self.steps) if s.get("world_size")), None),
+            "errors": [{k: e[k] for k in ("type", "message")} for e in self.errors],
+            "log_tail": self.log_tail,
+        }
+
+
+def read_rank(path: Path, rank: int) -> RankRun:
+    run = RankRun(rank)
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a killed process
+            continue
+        kind = ev.get("e")
+        run.last_event = ev.get("t", run.last_event)
+        if kind == "start":
+            run.start = ev
+        elif kind == "first_forward":
+            run.first_forward = ev["t"]
+        elif kind == "step":
+            run.steps.append(ev)
+        elif kind == "record":
+            run.records[ev["name"]] = ev["value"]
+        elif kind == "save":
+            run.saves[ev["path"]] = ev
+        elif kind == "mesh":
+            run.meshes.append({k: v for k, v in ev.items() if k not in ("e", "t")})
+        elif kind == "error":
+            run.errors.append(ev)
+        elif kind == "probe_error":
+            run.probe_errors.append(ev)
+        elif kind == "end":
+            run.end = ev
+    return run
+
+
+def read_run(directory: Path) -> dict[int, RankRun]:
+    """Rank -> what it did; ranks are those that wrote a file."""
+    out = {}
+    for path in sorted(directory.glob("rank*.jsonl")):
+        try:
+            rank = int(path.stem[4:])
+        except ValueError:
+            continue
+        out[rank] = read_rank(path, rank)
+    return out

@@ -1,0 +1,139 @@
+"""Which TP x FSDP x DP layouts can exist for a model on a set of instances, and why the others cannot.
+
+A layout splits the world (every logical NeuronCore of the instances) into a
+tensor-parallel group (innermost: consecutive cores, so it stays on a chip or
+inside the instance's NeuronLink domain), FSDP shards, and data-parallel
+replicas (HSDP, outermost). Tensor parallelism needs the model's heads, KV
+heads, MLP width and experts to divide evenly; the global batch must split
+into whole micro-batches over the data-parallel ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_neuronx.runtime.instances import INSTANCES, Instance
+from torch_neuronx.tools.plan.model import ModelSpec
+
+
+class PlanError(ValueError):
+    """A request the planner cannot satisfy: the message says what is wrong and what to do."""
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The instances a job runs on: type, count and logical NeuronCore config."""
+
+    instance: Instance
+    count: int
+    lnc: int
+
+    @property
+    def cores_per_instance(self) -> int:
+        return self.instance.physical_cores // self.lnc
+
+    @property
+    def cores_per_chip(self) -> int:
+        return self.instance.chip.physical_cores // self.lnc
+
+    @property
+    def world(self) -> int:
+        return self.cores_per_instance * self.count
+
+    @property
+    def hbm_per_core(self) -> int:
+        chip = self.instance.chip
+        return chip.hbm_bytes // chip.physical_cores * self.lnc
+
+
+def hardware(instance: str, count: int = 1, lnc: int | None = None) -> Hardware:
+    """Check and describe `count` instances of type `instance` at logical NeuronCore config `lnc`."""
+    inst = INSTANCES.get(instance)
+    if inst is None:
+        raise PlanError(f"unknown instance type {instance!r}; choose one of {', '.join(sorted(INSTANCES))}")
+    if count < 1:
+        raise PlanError(f"--instances must be >= 1, got {count}")
+    if count > 1 and inst.efa_gbps <= 0:
+        raise PlanError(f"{instance} has no EFA network, so {count} of them cannot train as one job: use one, or a "
+                        "trn1.32xlarge / trn1n.32xlarge / trn2.48xlarge")
+    lnc = inst.default_lnc if lnc is None else lnc
+    if lnc not in (1, 2) or (lnc == 2 and not inst.chip.supports_lnc2):
+        raise PlanError(f"--lnc {lnc} is not possible on {instance}: only Trn2 takes 2; use "
+                        f"{'1 or 2' if inst.chip.supports_lnc2 else '1'}")
+    return Hardware(inst, count, lnc)
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    fsdp: int
+    dp: int
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.fsdp * self.dp
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that see different rows: the FSDP shards times the replicas."""
+        return self.fsdp * self.dp
+
+    def __str__(self) -> str:
+        return f"TP={self.tp} x FSDP={self.fsdp} x DP={self.dp}"
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def tp_problems(model: ModelSpec, tp: int) -> list[str]:
+    """Why the model's tensors cannot be split `tp` ways (empty when they can)."""
+    checks = [("attention heads", model.heads), ("key/value heads", model.kv_heads),
+              ("MLP intermediate size", model.intermediate), ("vocabulary (split by the LM head)", model.vocab)]
+    if model.experts:
+        checks.append(("experts' intermediate size", model.expert_intermediate))
+    return [f"{what} ({n}) not divisible by TP={tp}" for what, n in checks if n % tp]
+
+
+def layout_problems(model: ModelSpec, hw: Hardware, layout: Layout, global_batch: int, micro_batch: int) -> list[str]:
+    """Why `layout` cannot run (empty when it can)."""
+    problems = tp_problems(model, layout.tp)
+    if layout.world != hw.world:
+        problems.append(f"TP x FSDP x DP = {layout.world} but {hw.count} x {hw.instance.name} at LNC={hw.lnc} "
+                        f"has {hw.world} NeuronCores")
+    if layout.tp > hw.cores_per_instance:
+        problems.append(f"TP={layout.tp} spans instances ({hw.cores_per_instance} cores each): tensor parallelism "
+                        "must stay on NeuronLink")
+    rows = micro_batch * layout.data_parallel
+    if global_batch % rows:
+        problems.append(f"global batch {global_batch} is not a multiple of micro-batch {micro_batch} x "
+                        f"{layout.data_parallel} data-parallel ranks")
+    return problems
+
+
+def check_layout(model: ModelSpec, hw: Hardware, layout: Layout, global_batch: int, micro_batch: int) -> None:
+    """Raise :class:`PlanError` naming every reason `layout` cannot exist."""
+    problems = layout_problems(model, hw, layout, global_batch, micro_batch)
+    if problems:
+        raise PlanError(f"layout {layout} cannot run {model.name} on {hw.count} x {hw.instance.name}: "
+                        + "; ".join(problems) + f". Valid TP degrees: {valid_tp(model, hw)}")
+
+
+def valid_tp(model: ModelSpec, hw: Hardware) -> list[int]:
+    return [t for t in divisors(hw.cores_per_instance) if not tp_problems(model, t)]
+
+
+def enumerate_layouts(model: ModelSpec, hw: Hardware, global_batch: int, micro_batch: int) -> list[Layout]:
+    """Every layout of the world that the model and batch allow (DP: replicas of the FSDP group, HSDP)."""
+    layouts = []
+    for tp in valid_tp(model, hw):
+        rest = hw.world // tp
+        for dp in divisors(rest):
+            layout = Layout(tp, rest // dp, dp)
+            if not layout_problems(model, hw, layout, global_batch, micro_batch):
+                layouts.append(layout)
+    if not layouts:
+        raise PlanError(f"no layout of {hw.world} cores fits {model.name} with global batch {global_batch} and "
+                        f"micro-batch {micro_batch}: make the global batch a multiple of micro-batch x the "
+                        "data-parallel ranks, or lower the micro-batch")
+    return layouts
