@@ -12,10 +12,11 @@ import sys
 import torch
 
 
-def train(device: str, steps: int = 5, nan_at: int | None = None, growing: bool = False) -> torch.nn.Module:
+def train(device: str, steps: int = 5, nan_at: int | None = None, growing: bool = False,
+          lr: float = 0.05) -> torch.nn.Module:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     run = torch.compile(model, backend="neuron") if growing else model
     g = torch.Generator().manual_seed(1)
     for step in range(steps):
@@ -62,7 +63,11 @@ def main() -> None:
     if fault == "oom":  # about 64 MiB of weights, on a core given 32 MiB (TORCH_NEURONX_HBM_PER_CORE)
         torch.nn.Linear(4096, 4096).to(device)
         return None
-    model = train(device, nan_at=3 if fault == "nan" else None, growing=fault == "recompile")
+    if fault == "near_full":  # 30 MiB held on a core given 32 MiB (TORCH_NEURONX_HBM_PER_CORE): 94%
+        held = torch.zeros(30 * 2**18, device=device)  # noqa: F841  (kept alive through training)
+    # "diverge": a Neuron-only assumption that changes the numbers (a learning rate picked by device)
+    lr = 0.2 if fault == "diverge" and device == "neuron" else 0.05
+    model = train(device, nan_at=3 if fault == "nan" else None, growing=fault == "recompile", lr=lr)
     state = {k: v.detach() for k, v in model.state_dict().items()}
     if fault == "neuron_state":
         state["device"] = torch.device(device)  # the fault: a device object that only a neuron host can rebuild

@@ -72,6 +72,22 @@ def test_a_clean_checkpoint_loads_on_cpu_with_the_saved_values(tmp_path: Path) -
     assert doc["verdict"] == "pass", report.text(doc)
 
 
+def test_a_loss_that_leaves_the_reference_fails_correctness(tmp_path: Path) -> None:
+    doc = run_check(tmp_path, fault(tmp_path, "diverge"))
+    [e] = evidence(doc, "correctness", "fail", "loss_vs_reference")
+    assert e["step"] == 1 and e["rank"] == 0  # step 0 runs before the first update: equal on both
+    steps = doc["steps"]
+    assert steps[0]["loss"] == pytest.approx(steps[0]["reference_loss"], abs=1e-6)
+
+
+def test_memory_near_the_core_capacity_warns(tmp_path: Path) -> None:
+    doc = run_check(tmp_path, fault(tmp_path, "near_full", reference=False),
+                    env={"TORCH_NEURONX_HBM_PER_CORE": "32MiB"})
+    [e] = evidence(doc, "operations", "warn", "memory")
+    assert e["capacity"] == 32 << 20 and 0.9 < e["peak"] / e["capacity"] <= 1.0, e
+    assert "over the 90% line" in e["message"] and doc["layers"]["operations"]["verdict"] == "warn"
+
+
 def test_a_model_over_the_core_capacity_fails_operations(tmp_path: Path) -> None:
     doc = run_check(tmp_path, fault(tmp_path, "oom", reference=False), env={"TORCH_NEURONX_HBM_PER_CORE": "32MiB"})
     [e] = evidence(doc, "operations", "fail", "oom")
@@ -174,6 +190,25 @@ def test_command_line_split(argv: list[str], expected: tuple[list[str], list[str
     from torch_neuronx.tools.check.cli import _split
 
     assert _split(argv) == expected
+
+
+def test_wrappers_wrapping_wrappers_are_named() -> None:
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    from torch_neuronx.tools.check.probe import describe_wrappers
+
+    def ddp(inner: torch.nn.Module) -> torch.nn.Module:  # the wrapper's structure, without a process group
+        outer = DistributedDataParallel.__new__(DistributedDataParallel)
+        torch.nn.Module.__init__(outer)
+        outer.module = inner
+        return outer
+
+    model = torch.nn.Linear(2, 2)
+    assert describe_wrappers(model)["double_wrapped"] == [] and describe_wrappers(ddp(model))["ddp"] == ["<root>"]
+    twice = describe_wrappers(ddp(ddp(model)))
+    assert twice["ddp"] == ["<root>", "module"]
+    assert twice["double_wrapped"] == ["DDP at <root> wraps DDP at module"]
 
 
 def test_markers_do_nothing_without_the_checker() -> None:
