@@ -173,6 +173,12 @@ def test_bad_arguments_are_clear_errors(tmp_path: Path) -> None:
     assert r.returncode == 2 and "give either a command" in r.stderr
     r = cli("--hf-model", str(tmp_path))
     assert r.returncode == 2 and "no config.json" in r.stderr
+    mine = tmp_path / "out" / "neuron"  # a folder of the user's where the checker would write: never replaced
+    mine.mkdir(parents=True)
+    (mine / "keep.txt").write_text("mine")
+    r = cli("--out", str(tmp_path / "out"), "--", str(FAULTS), "clean", "neuron", str(tmp_path))
+    assert r.returncode == 2 and "was not made by torch-neuronx check" in r.stderr
+    assert (mine / "keep.txt").read_text() == "mine"
 
 
 def test_the_probe_is_not_loaded_unless_the_checker_runs() -> None:

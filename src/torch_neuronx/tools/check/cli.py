@@ -83,6 +83,11 @@ def run(args: argparse.Namespace) -> int:
         report.write_json(doc, args.json)
         print(f"\nJSON report: {args.json}")
     if args.html:
-        report.write_html(doc, args.html)
-        print(f"HTML report: {args.html}")
+        try:
+            report.write_html(doc, args.html)
+            print(f"HTML report: {args.html}")
+        except ImportError:
+            print("torch-neuronx check: the HTML report's plots need matplotlib: pip install 'torch-neuronx[report]'",
+                  file=sys.stderr)
+            return 2
     return 1 if doc["verdict"] == "fail" else 0

@@ -37,8 +37,8 @@ def flat_tensors(obj: Any, prefix: str = "") -> dict[str, torch.Tensor]:
     """Every tensor in a nested dict / list / tuple, by a dotted path."""
     out: dict[str, torch.Tensor] = {}
     if isinstance(obj, torch.Tensor):
-        if type(obj) is not torch.Tensor and hasattr(obj, "full_tensor"):  # a DTensor: its global value
-            obj = obj.full_tensor()
+        if type(obj) is not torch.Tensor and hasattr(obj, "to_local"):  # a DTensor: this rank's shard (gathering
+            obj = obj.to_local()  # would be a collective, which may hang when one rank saves alone)
         out[prefix or "."] = obj
     elif isinstance(obj, dict):
         for k, v in obj.items():

@@ -153,7 +153,7 @@ class Probe:
         root = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
         if isinstance(root, torch.Tensor) and root.numel() == 1:
             if hasattr(root, "to_local") and type(root) is not torch.Tensor:
-                root = root.full_tensor()
+                root = root.to_local()  # never a collective: the probe must not change the job's communication
             self._losses.append(root.detach())
 
     def on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -237,6 +237,8 @@ class Probe:
 
         snap = metrics.snapshot()
         seen = self._compile
+        if snap["graphs_compiled"] < seen["graphs"] or snap["recompilations"] < seen["recompilations"]:
+            seen = {"graphs": 0, "recompilations": 0, "seconds": 0.0, "breaks": 0}  # the job reset the metrics
         new_recompiles = snap["recompile_reasons"][seen["recompilations"]:]
         compile_delta = {"graphs": snap["graphs_compiled"] - seen["graphs"],
                          "seconds": round(snap["compile_seconds"] - seen["seconds"], 4),
@@ -275,11 +277,13 @@ class Probe:
             wrappers = self.wrappers()
         except Exception as e:
             wrappers = [{"error": f"{type(e).__name__}: {e}"}]
-        snap = metrics.snapshot()
-        self.emit("end", compile={"functions": snap["functions"], "graph_breaks": snap["graph_breaks"],
-                                  "compile_seconds": snap["compile_seconds"],
-                                  "graphs": snap["graphs_compiled"]},
-                  wrappers=wrappers, world_size=_world_size())
+        try:
+            snap = metrics.snapshot()
+            compiled = {"functions": snap["functions"], "graph_breaks": snap["graph_breaks"],
+                        "compile_seconds": snap["compile_seconds"], "graphs": snap["graphs_compiled"]}
+        except Exception as e:
+            compiled = {"error": f"{type(e).__name__}: {e}"}
+        self.emit("end", compile=compiled, wrappers=wrappers, world_size=_world_size())
         with self._lock:
             self._file.close()
 

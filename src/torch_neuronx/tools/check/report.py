@@ -49,25 +49,25 @@ def write_json(doc: dict[str, Any], path: str | Path) -> None:
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
+
+
+def _axes() -> tuple[Any, Any]:
+    """A plain Figure (no pyplot state: the caller's matplotlib backend is left alone) and its axes."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 3.2))
+    return fig, fig.subplots()
 
 
 def figures(doc: dict[str, Any]) -> dict[str, str]:
     """Title -> base64 PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     steps = doc["steps"]
     ranks = sorted({s["rank"] for s in steps})
     out: dict[str, str] = {}
     if not steps:
         return out
-    fig, ax = plt.subplots(figsize=(8, 3.2))
+    fig, ax = _axes()
     for r in ranks:
         mine = [s for s in steps if s["rank"] == r and s["duration_s"] is not None]
         ax.plot([s["step"] for s in mine], [s["duration_s"] * 1e3 for s in mine], marker=".", label=f"rank {r}")
@@ -78,7 +78,7 @@ def figures(doc: dict[str, Any]) -> dict[str, str]:
     ax.legend(fontsize=7)
     out["Step time and compilation"] = _png(fig)
 
-    fig, ax = plt.subplots(figsize=(8, 3.2))
+    fig, ax = _axes()
     capacity = None
     for r in ranks:
         per_core: dict[int, list[tuple[int, int, int]]] = {}
@@ -99,7 +99,7 @@ def figures(doc: dict[str, Any]) -> dict[str, str]:
     out["Device memory per core"] = _png(fig)
 
     if any(s["loss"] is not None for s in steps):
-        fig, ax = plt.subplots(figsize=(8, 3.2))
+        fig, ax = _axes()
         for r in ranks:
             mine = [s for s in steps if s["rank"] == r and s["loss"] is not None]
             ax.plot([s["step"] for s in mine], [s["loss"] for s in mine], marker=".", label=f"rank {r} neuron")

@@ -119,6 +119,7 @@ def run_side(name: str, argv: list[str], cfg: CheckConfig, deadline: float) -> S
     for d in (events, logs):
         _clear(d)
         d.mkdir(parents=True)
+        (d / MARKER).touch()
     launched = time.time()
     env = {**os.environ, **cfg.env, "TORCH_NEURONX_CHECK_DIR": str(events),
            "TORCH_NEURONX_CHECK_LAUNCH_TIME": repr(launched), "PYTHONUNBUFFERED": "1"}
@@ -153,10 +154,16 @@ def run_side(name: str, argv: list[str], cfg: CheckConfig, deadline: float) -> S
     return side
 
 
+MARKER = ".torch-neuronx-check"  # in every folder the checker made: only those are ever replaced
+
+
 def _clear(d: Path) -> None:
     import shutil
 
     if d.exists():
+        if not (d / MARKER).exists():
+            raise ValueError(f"{d} exists and was not made by torch-neuronx check; choose another --out (the "
+                             "checker replaces only its own folders)")
         shutil.rmtree(d)
 
 
@@ -285,6 +292,10 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
     cfg.validate()
     cfg.out_dir = Path(cfg.out_dir)
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("neuron", "neuron-logs", "reference", "reference-logs"):  # refuse before anything runs
+        d = cfg.out_dir / name
+        if d.exists() and not (d / MARKER).exists():
+            _clear(d)
     deadline = time.monotonic() + cfg.timeout
     command, reference = job_commands(cfg)
     started = time.time()

@@ -71,16 +71,14 @@ def write_json(data: dict[str, Any], path: str | Path) -> Path:
 
 
 def figures(data: dict[str, Any]) -> dict[str, Any]:
-    """The plots as matplotlib figures, by name."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """The plots as matplotlib figures, by name (plain Figures: no pyplot state, the caller's backend untouched)."""
+    from matplotlib.figure import Figure
 
     layouts = data["layouts"]
     names = [_layout_name(d) for d in layouts]
     out = {}
-    fig, ax = plt.subplots(figsize=(max(6, len(names) * 0.6), 4))
+    fig = Figure(figsize=(max(6, len(names) * 0.6), 4))
+    ax = fig.subplots()
     bottom = [0.0] * len(names)
     for kind in MEMORY_KINDS:
         values = [d["memory_per_core"][kind] / GIB for d in layouts]
@@ -94,7 +92,8 @@ def figures(data: dict[str, Any]) -> dict[str, Any]:
     ax.tick_params(axis="x", rotation=45)
     ax.legend(fontsize=7)
     out["memory"] = fig
-    fig, ax = plt.subplots(figsize=(max(6, len(names) * 0.6), 4))
+    fig = Figure(figsize=(max(6, len(names) * 0.6), 4))
+    ax = fig.subplots()
     compute = [d["step_time_s"]["compute"] for d in layouts]
     ax.bar(names, compute, label="compute")
     ax.bar(names, [d["step_time_s"]["exposed_comm"] for d in layouts], bottom=compute, label="exposed communication")
@@ -104,7 +103,8 @@ def figures(data: dict[str, Any]) -> dict[str, Any]:
     out["step_time"] = fig
     if data.get("padding"):
         pols = data["padding"]["policies"]
-        fig, ax = plt.subplots(figsize=(6, 3.5))
+        fig = Figure(figsize=(6, 3.5))
+        ax = fig.subplots()
         ax.bar([p["name"] for p in pols], [100 * p["waste"] for p in pols])
         for i, p in enumerate(pols):
             ax.text(i, 100 * p["waste"], f"{p['graphs']} graph(s)", ha="center", va="bottom", fontsize=8)
@@ -115,15 +115,12 @@ def figures(data: dict[str, Any]) -> dict[str, Any]:
 
 def write_plots(data: dict[str, Any], directory: str | Path) -> list[Path]:
     """PNG files of the plots and ``plan.html`` embedding them; returns the paths written."""
-    import matplotlib.pyplot as plt
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     written, images = [], []
     for name, fig in figures(data).items():
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-        plt.close(fig)
         (directory / f"{name}.png").write_bytes(buf.getvalue())
         written.append(directory / f"{name}.png")
         images.append(f'<img alt="{name}" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">')
