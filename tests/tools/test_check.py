@@ -4,6 +4,7 @@ without faults (the repository's examples, a Hugging Face model directory) passi
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -186,6 +187,19 @@ def test_the_probe_is_not_loaded_unless_the_checker_runs() -> None:
             "torch.autograd.backward.__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout.split()
     assert out == ["False", "torch.autograd"]
+
+
+def test_hostile_checker_variables_never_stop_the_job(tmp_path: Path) -> None:
+    code = "import torch; x = torch.ones(2, device='neuron'); print('ran', (x + 1).sum().item())"
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    for env in ({"TORCH_NEURONX_CHECK_DIR": str(blocker / "sub")},  # cannot be made: warn, run unwatched
+                {"TORCH_NEURONX_CHECK_DIR": str(tmp_path / "ev"), "TORCH_NEURONX_CHECK_LAUNCH_TIME": "banana",
+                 "RANK": "x"}):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, **env})
+        assert r.returncode == 0 and "ran 4.0" in r.stdout, r.stderr[-2000:]
+        assert "torch-neuronx check could not watch this process" in r.stderr
 
 
 @pytest.mark.parametrize("argv,expected", [

@@ -372,9 +372,11 @@ def install() -> Probe | None:
     from torch_neuronx import patches
 
     probe = _probe = Probe(os.path.expanduser(directory))
-    launched = env.get("TORCH_NEURONX_CHECK_LAUNCH_TIME")
-    probe.emit("start", pid=os.getpid(), world_size=probe.world_size, argv=sys.argv,
-               launched=float(launched) if launched else None,
+    try:
+        launched: float | None = float(env.get("TORCH_NEURONX_CHECK_LAUNCH_TIME"))
+    except ValueError:  # unset or not a time: no startup figure
+        launched = None
+    probe.emit("start", pid=os.getpid(), world_size=probe.world_size, argv=sys.argv, launched=launched,
                local_rank=int(os.environ.get("LOCAL_RANK", "0") or 0))
     torch.nn.modules.module.register_module_forward_pre_hook(probe.forward_pre)
     torch.nn.modules.module.register_module_forward_hook(probe.forward_post, with_kwargs=True)
