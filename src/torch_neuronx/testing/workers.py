@@ -84,7 +84,7 @@ def run_processes(cmds: Sequence[tuple[list[str], dict[str, str]]], workdir: Pat
     for i, (p, out, err) in enumerate(started):
         timed_out = ended[i] is None
         if timed_out:
-            _kill_group(p)
+            kill_group(p)
         out.seek(0)
         err.seek(0)
         results.append(Proc(p.returncode, out.read(), err.read(), ended[i] or timeout, timed_out))
@@ -93,7 +93,8 @@ def run_processes(cmds: Sequence[tuple[list[str], dict[str, str]]], workdir: Pat
     return results
 
 
-def _kill_group(p: subprocess.Popen[Any]) -> None:
+def kill_group(p: subprocess.Popen[Any]) -> None:
+    """Kill a process started with start_new_session=True and everything it started (torchrun and its workers)."""
     try:
         os.killpg(p.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -167,7 +168,7 @@ class _Worker:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            _kill_group(self.proc)
+            kill_group(self.proc)
         self.stderr.close()
 
 
@@ -230,7 +231,7 @@ class WorkerPool:
         assert self._worker is not None
         worker, self._worker = self._worker, None
         if worker.proc.poll() is None:
-            _kill_group(worker.proc)
+            kill_group(worker.proc)
         tail = worker.stderr_tail()
         worker.stop()
         self.restarts += 1

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torch_neuronx.testing.workers import kill_group
 from torch_neuronx.tools.check import results, verdicts
 
 PLACEHOLDER = "{device}"
@@ -139,7 +139,7 @@ def run_side(name: str, argv: list[str], cfg: CheckConfig, deadline: float) -> S
         while proc.poll() is None:
             if time.monotonic() > deadline:
                 side.timed_out = True
-                _kill(proc)
+                kill_group(proc)
                 break
             progress.update()
             time.sleep(0.25)
@@ -165,14 +165,6 @@ def _clear(d: Path) -> None:
             raise ValueError(f"{d} exists and was not made by torch-neuronx check; choose another --out (the "
                              "checker replaces only its own folders)")
         shutil.rmtree(d)
-
-
-def _kill(proc: subprocess.Popen[Any]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
-    proc.wait()
 
 
 def _rank_logs(logs: Path) -> dict[int, str]:
