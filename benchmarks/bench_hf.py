@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback
 
 import torch_neuronx  # noqa: F401
 from torch_neuronx.testing import hf as tiny_hf
+from torch_neuronx.testing.bench import arguments, parse
 
 
 def llama(hidden: int, layers: int, vocab: int, positions: int) -> Any:
@@ -152,23 +153,19 @@ def bench_sft(args: argparse.Namespace, bf16: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions and steps")
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads on both sides")
+    parser = arguments(__doc__)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--prompt", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--seq", type=int, default=512, help="SFT packed row length")
-    parser.add_argument("--json", help="write the results here")
     parser.add_argument("--skip-generate", action="store_true")
     parser.add_argument("--skip-sft", action="store_true")
-    args = parser.parse_args()
+    args = parse(parser)
     args.reps = 2 if args.quick else 5
     args.sft_steps = 4 if args.quick else 8
     args.sft_reps = 1 if args.quick else 2
-    torch.set_num_threads(args.threads)
     import datasets
     import transformers
 

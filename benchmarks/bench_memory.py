@@ -12,13 +12,12 @@ variable-length run measures fragmentation.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 
 import torch
 
 import torch_neuronx  # noqa: F401
-from torch_neuronx.testing.bench import report, side_by_side
+from torch_neuronx.testing.bench import arguments, parse, report, side_by_side
 from torch_neuronx.testing.models import TinyLM, lm_batch
 
 KIB = 1 << 10
@@ -93,12 +92,7 @@ def fragmentation(quick: bool) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse(arguments(__doc__))
     results = {"elementwise": elementwise_cases(args.quick), "alloc_free_64KiB": alloc_free(args.quick),
                "training": training_cases(args.quick), "fragmentation": fragmentation(args.quick)}
     report(results, args.json)

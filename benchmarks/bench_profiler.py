@@ -18,7 +18,6 @@ second times all three variants after one.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 from collections.abc import Callable
 
@@ -26,7 +25,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import torch_neuronx  # noqa: F401
-from torch_neuronx.testing.bench import medians, report, timed
+from torch_neuronx.testing.bench import arguments, medians, parse, report, timed
 
 KIB = 1 << 10
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
@@ -60,12 +59,7 @@ def case(x: torch.Tensor, variants: list[str], inner: int, reps: int) -> dict[st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse(arguments(__doc__))
     inner, reps = (300, 5) if args.quick else (2000, 15)
     sizes = {"1 KiB": KIB // 4, "1 MiB": (1 << 20) // 4}
     tensors = {

@@ -7,6 +7,7 @@ ratio of medians is the figure that goes into the docs.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -55,3 +56,22 @@ def report(results: object, json_path: str | None, show: bool = True) -> None:
     if json_path:
         with open(json_path, "w") as f:
             json.dump(results, f, indent=2)
+
+
+def arguments(doc: str) -> argparse.ArgumentParser:
+    """A benchmark's command line with the options they share: --quick (a smoke run), --threads (intra-op
+    threads on both sides, 1 by default: steadier figures) and --json (also write the results there)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads on both sides")
+    parser.add_argument("--json", help="also write the results here")
+    return parser
+
+
+def parse(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parse the command line and apply --threads."""
+    import torch
+
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    return args
