@@ -5,7 +5,9 @@ Each case alternates CPU and neuron rounds and reports the ratio of medians
 (neuron / CPU). Targets (issue "Device memory as on Trainium"): elementwise
 1 KiB-16 MiB <= 1.0x (the cache spares the page faults CPU's malloc pays),
 training steps <= 1.05x; the peak reserved / peak allocated ratio of the
-variable-length run measures fragmentation.
+variable-length run measures fragmentation. The getters case times
+``memory_allocated()`` (one statistic, read directly) against reading it out
+of ``memory_stats()`` (the whole dictionary), the way it was read before.
 
     python benchmarks/bench_memory.py [--quick] [--json out.json]
 """
@@ -91,10 +93,26 @@ def fragmentation(quick: bool) -> dict[str, float]:
             "reserved_over_allocated": s["reserved_bytes.all.peak"] / s["allocated_bytes.all.peak"]}
 
 
+def getters(quick: bool) -> dict[str, float]:
+    """Microseconds per call of the single-value getter against the full statistics dictionary."""
+    from torch_neuronx.testing.bench import interleaved, medians
+
+    keep = [torch.ones(n, device="neuron") for n in (10, 5000, 1 << 20)]
+    m = medians(interleaved({
+        "memory_stats": lambda: torch.neuron.memory_stats()["allocated_bytes.all.current"],
+        "memory_allocated": torch.neuron.memory_allocated,
+        "max_memory_reserved": torch.neuron.max_memory_reserved,
+    }, 5 if quick else 15, 200 if quick else 2000))
+    del keep
+    return {"memory_stats_us": m["memory_stats"] * 1e6, "memory_allocated_us": m["memory_allocated"] * 1e6,
+            "max_memory_reserved_us": m["max_memory_reserved"] * 1e6,
+            "speedup": m["memory_stats"] / m["memory_allocated"]}
+
+
 def main() -> None:
     args = parse(arguments(__doc__))
     results = {"elementwise": elementwise_cases(args.quick), "alloc_free_64KiB": alloc_free(args.quick),
-               "training": training_cases(args.quick), "fragmentation": fragmentation(args.quick)}
+               "training": training_cases(args.quick), "fragmentation": fragmentation(args.quick), "getters": getters(args.quick)}
     report(results, args.json)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from torch_neuronx import _C
-from torch_neuronx.device._index import _device_t, device_count, device_index
+from torch_neuronx.device._index import _device_t, attached_indices, device_index
 from torch_neuronx.device._lazy import _lazy_init
 from torch_neuronx.runtime.config import format_bytes
 
@@ -45,24 +45,29 @@ def memory_stats(device: _device_t = None) -> OrderedDict[str, Any]:
     return torch.accelerator.memory_stats(_checked_index(device))
 
 
+# The single-value getters read one statistic directly (a few µs; memory_stats() builds the whole dictionary):
+# the values are those of memory_stats()'s "allocated_bytes.all.current" and so on.
+_ALLOCATED, _ALLOCATED_PEAK, _RESERVED, _RESERVED_PEAK = range(4)  # csrc/runtime/allocator.h: MemoryStat
+
+
 def memory_allocated(device: _device_t = None) -> int:
     """Bytes of tensor memory in use on a core (block sizes: requests rounded to their size class)."""
-    return memory_stats(device).get("allocated_bytes.all.current", 0)
+    return _C._memory_stat(_checked_index(device), _ALLOCATED)
 
 
 def max_memory_allocated(device: _device_t = None) -> int:
     """The peak of :func:`memory_allocated` since start or the last :func:`reset_peak_memory_stats`."""
-    return memory_stats(device).get("allocated_bytes.all.peak", 0)
+    return _C._memory_stat(_checked_index(device), _ALLOCATED_PEAK)
 
 
 def memory_reserved(device: _device_t = None) -> int:
     """Bytes the allocator holds on a core, live or cached: what counts against its HBM."""
-    return memory_stats(device).get("reserved_bytes.all.current", 0)
+    return _C._memory_stat(_checked_index(device), _RESERVED)
 
 
 def max_memory_reserved(device: _device_t = None) -> int:
     """The peak of :func:`memory_reserved`."""
-    return memory_stats(device).get("reserved_bytes.all.peak", 0)
+    return _C._memory_stat(_checked_index(device), _RESERVED_PEAK)
 
 
 def reset_peak_memory_stats(device: _device_t = None) -> None:
@@ -111,7 +116,7 @@ def override_hbm_capacity(nbytes: int, device: _device_t | None = None) -> Itera
     """
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
         raise ValueError(f"override_hbm_capacity needs a positive number of bytes, got {nbytes!r}")
-    devices = range(device_count()) if device is None else [device_index(device)]
+    devices = attached_indices() if device is None else [device_index(device)]
     _lazy_init()
     previous = {d: _C._capacity(d) for d in devices}
     for d in devices:
@@ -126,39 +131,90 @@ def override_hbm_capacity(nbytes: int, device: _device_t | None = None) -> Itera
 # ---------------------------------------------------------------- snapshots
 
 
-def _record_memory_history(enabled: str | None = "all", context: str | None = "all", stacks: str = "all",
-                           max_entries: int = sys.maxsize, device: _device_t = None,
-                           clear_history: bool = False) -> None:
+def _record_memory_history(enabled: str | bool | None = "all", *args: Any, **kwargs: Any) -> None:
     """Record allocations with their Python stack traces, as ``torch.cuda.memory._record_memory_history``.
 
     `enabled`: None stops recording; "state" keeps the stacks of live blocks;
     "all" also keeps a trace of the last `max_entries` events (allocs, frees,
-    segments, OOMs). `context`: whose stacks to keep ("state", "alloc",
-    "all"). `stacks`: "python", or "all" for C++ frames too. Recording covers
-    every core (`device` is accepted for torch.cuda's signature).
+    segments, snapshots, OOMs). `context`: whose stacks to keep ("state",
+    "alloc", "all"). `stacks`: "python", or "all" for C++ frames too.
+    `skip_actions` leaves those actions out of the trace. Recording covers
+    every core. The legacy form ``_record_memory_history(True, ...)`` works
+    as torch.cuda's does. `device`, `compile_context` and
+    `global_record_annotations` are accepted for torch.cuda's signature: the
+    stacks already hold the frames of compiled code, and annotations are not
+    recorded.
     """
+    if isinstance(enabled, bool):
+        _record_memory_history_legacy(enabled, *args, **kwargs)
+    else:
+        _record_memory_history_impl(enabled, *args, **kwargs)
+
+
+def _record_memory_history_impl(enabled: str | None = "all", context: str | None = "all", stacks: str = "all",
+                                max_entries: int = sys.maxsize, device: _device_t = None,
+                                clear_history: bool = False, compile_context: bool = False,
+                                global_record_annotations: bool = False,
+                                skip_actions: list[str] | None = None) -> None:
     _lazy_init()
     if enabled is not None and context is None:
         context = "all"
+    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 0:
+        raise ValueError(f"_record_memory_history: max_entries must be a non-negative int, got {max_entries!r}")
+    if skip_actions is not None and (isinstance(skip_actions, str) or not all(isinstance(a, str) for a in skip_actions)):
+        raise TypeError(f"_record_memory_history: skip_actions is a list of action names, got {skip_actions!r}")
     _C._record_memory_history(enabled, context if enabled is not None else None, stacks,
-                              min(max_entries, sys.maxsize), clear_history)
+                              min(max_entries, sys.maxsize), clear_history, list(skip_actions or []))
 
 
-def _snapshot(device: _device_t = None) -> dict[str, Any]:
-    """The allocator's state in PyTorch's snapshot format: {"segments", "device_traces", "allocator_settings"}."""
+def _record_memory_history_legacy(enabled: bool, record_context: bool = True, trace_alloc_max_entries: int = 1,
+                                  trace_alloc_record_context: bool = False, device: _device_t = None,
+                                  record_context_cpp: bool = False, clear_history: bool = False,
+                                  compile_context: bool = False, global_record_annotations: bool = False,
+                                  skip_actions: list[str] | None = None) -> None:
+    # torch.cuda's mapping of the boolean form onto the current one.
+    if not enabled:
+        _record_memory_history_impl(None)
+        return
+    tracing = trace_alloc_max_entries > 1
+    _record_memory_history_impl(
+        "all" if tracing else "state",
+        ("all" if trace_alloc_record_context else "state") if record_context else None,
+        "all" if record_context_cpp else "python",
+        max(trace_alloc_max_entries, 1), clear_history=clear_history, skip_actions=skip_actions)
+
+
+def _snapshot(device: _device_t = None, augment_with_fx_traces: bool = False) -> dict[str, Any]:
+    """The allocator's state in PyTorch's snapshot format: {"segments", "device_traces", "allocator_settings"}.
+
+    `augment_with_fx_traces` adds torch.cuda's FX debug fields to the frames of compiled code.
+    """
     _lazy_init()
-    return _C._memory_snapshot()
+    snapshot = _C._memory_snapshot(True)
+    if augment_with_fx_traces:
+        from torch.cuda.memory import _augment_memory_snapshot_stack_traces  # device-neutral: it edits frames
+
+        snapshot = _augment_memory_snapshot_stack_traces(snapshot)
+    return snapshot
 
 
-def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
+def _dump_snapshot(filename: str = "dump_snapshot.pickle", augment_with_fx_traces: bool = False) -> None:
     """Write :func:`_snapshot` to `filename`, for pytorch.org/memory_viz or ``torch.cuda._memory_viz``."""
+    snapshot = _snapshot(augment_with_fx_traces=augment_with_fx_traces)
     with open(filename, "wb") as f:
-        pickle.dump(_snapshot(), f, protocol=4)  # MemoryViz.js reads protocols 2 to 4
+        pickle.dump(snapshot, f, protocol=4)  # MemoryViz.js reads protocols 2 to 4
 
 
-def memory_snapshot() -> list[dict[str, Any]]:
-    """The segments of every core, as ``torch.cuda.memory_snapshot()`` lists them."""
-    return _snapshot()["segments"]
+def memory_snapshot(mempool_id: tuple[int, int] | None = None, include_traces: bool = True) -> list[dict[str, Any]]:
+    """The segments of every core, as ``torch.cuda.memory_snapshot()`` lists them.
+
+    The neuron allocator has one memory pool, ``(0, 0)``: `mempool_id` may
+    name it (or be None); `include_traces=False` skips copying the trace.
+    """
+    if mempool_id is not None and tuple(mempool_id) != (0, 0):
+        raise ValueError(f"memory_snapshot: the neuron allocator has one memory pool, (0, 0); got {mempool_id!r}")
+    _lazy_init()
+    return _C._memory_snapshot(bool(include_traces))["segments"]
 
 
 # ---------------------------------------------------------------- summary

@@ -9,7 +9,8 @@ Two shapes of work:
 * :class:`WorkerPool` keeps a worker subprocess and sends it tasks, one JSON
   line each; the worker (:func:`serve`) answers with event lines and a result
   line. A task that runs past its timeout, a worker that makes no progress for
-  ``stall_timeout`` seconds, or one that crashes is killed and replaced; the
+  ``stall_timeout`` seconds once it has taken the task (its own start-up
+  does not count), or one that crashes is killed and replaced; the
   task comes back as a failure with the events it did send and the tail of
   the worker's stderr, and the next task gets a fresh worker.
 """
@@ -193,6 +194,7 @@ class WorkerPool:
         worker = self._worker
         start = time.monotonic()
         events: list[dict[str, Any]] = []
+        started = False  # until the worker takes the task, only `timeout` applies (start-up is slow on a busy host)
         try:
             assert worker.proc.stdin is not None
             worker.proc.stdin.write(json.dumps(task) + "\n")
@@ -201,13 +203,15 @@ class WorkerPool:
             return self._lost("crash", "the worker had exited", events, start)
         while True:
             now = time.monotonic()
-            wait = min(start + timeout - now, self.stall_timeout)
+            wait = start + timeout - now
+            if started:
+                wait = min(wait, self.stall_timeout)
             if wait <= 0:
                 return self._lost("timeout", f"no answer within {timeout:.0f}s", events, start)
             try:
                 line = worker.lines.get(timeout=wait)
             except queue.Empty:
-                if time.monotonic() - start >= timeout:
+                if not started or time.monotonic() - start >= timeout:
                     return self._lost("timeout", f"no answer within {timeout:.0f}s", events, start)
                 return self._lost("stall", f"no progress for {self.stall_timeout:.0f}s", events, start)
             if line is None:
@@ -217,7 +221,9 @@ class WorkerPool:
                 message = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut short, or stray output
-            if "event" in message:
+            if "started" in message:
+                started = True
+            elif "event" in message:
                 events.append(message["event"])
                 if on_event is not None:
                     on_event(message["event"])
@@ -281,6 +287,7 @@ def serve(handler: Callable[[dict[str, Any], Callable[[dict[str, Any]], None]], 
         if not line.strip():
             continue
         task = json.loads(line)
+        send({"started": True})  # the stall clock starts here: a worker's own start-up is not a stall
         try:
             result = handler(task, lambda event: send({"event": event}))
         except Exception as exc:  # reported to the pool; the worker serves the next task

@@ -7,12 +7,17 @@
 //    10 MiB, else a segment of the request rounded to 2 MiB);
 //  * requests under 16 MiB are rounded up to a size class: 256 bytes at
 //    least, then each power-of-two interval split in 4 (or in
-//    PYTORCH_ALLOC_CONF's roundup_power2_divisions);
+//    PYTORCH_ALLOC_CONF's roundup_power2_divisions, alloc_conf.cpp);
 //  * a freed block stays cached in its segment for the next request on the
-//    same stream; blocks are split and merged; empty_cache() returns whole
-//    free segments; a request that does not fit first frees cached segments
-//    and retries (num_alloc_retries), then raises torch.OutOfMemoryError.
+//    same stream (and of the same pool); blocks are split and merged;
+//    empty_cache() returns whole free segments; a request that does not fit
+//    first frees cached segments and retries (num_alloc_retries), then raises
+//    torch.OutOfMemoryError.
 // Every byte a segment holds, cached or live, counts against the capacity.
+// Segments start on 512-byte boundaries, and so does every block of 512
+// bytes or more, as on CUDA: a 256-byte block (TorchNeuron's smallest size
+// class) takes one half of a 512-byte slot, and a free block never merges
+// into one that would start off a boundary.
 //
 // Host kernels allocate their results here too: while the fallback runs a
 // CPU kernel for core d (KernelAllocationScope), the CPU allocator hands out
@@ -27,7 +32,6 @@
 #include "allocator.h"
 
 #include <ATen/core/TensorBase.h>
-#include <c10/core/AllocatorConfig.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/irange.h>
@@ -53,10 +57,19 @@ constexpr size_t kMinLargeAlloc = 10 << 20;  // below: a shared large segment
 constexpr size_t kRoundLarge = 2 << 20;      // larger segments are rounded to this
 constexpr size_t kRoundedBelow = 16 << 20;   // requests below are rounded to a size class (TorchNeuron)
 constexpr size_t kMinBlockSize = 256;        // the smallest size class (TorchNeuron)
-constexpr size_t kAlignment = 512;           // every block starts on this boundary
-constexpr size_t kDefaultDivisions = 4;
+constexpr size_t kAlignment = 512;           // segments and blocks of this size or more start on this boundary
+constexpr size_t kLargeBuffer = 20 << 20;    // a shared large-pool segment
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+bool aligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % kAlignment == 0; }
+
+// The settings in force: PYTORCH_ALLOC_CONF once parsed (every path into the
+// pools parses it first), else c10's defaults.
+const AllocSettings& settings_now() {
+  static const AllocSettings defaults;
+  const AllocSettings* parsed = parsed_alloc_settings();
+  return parsed != nullptr ? *parsed : defaults;
+}
 
 }  // namespace
 
@@ -77,31 +90,18 @@ std::string format_bytes(int64_t n) {
   return buf;
 }
 
-// PYTORCH_ALLOC_CONF's roundup_power2_divisions for each power-of-two
-// interval (index: log2 of its upper end), read once: the classes of a
-// process never change.
-const std::array<size_t, 64>& divisions_by_interval() {
-  static const std::array<size_t, 64> table = [] {
-    std::array<size_t, 64> t{};
-    t.fill(kDefaultDivisions);
-    for (size_t i = 9; i <= 24; ++i) {  // the intervals below 16 MiB: upper ends 2^9 ... 2^24
-      const size_t d = c10::CachingAllocator::AcceleratorAllocatorConfig::roundup_power2_divisions(size_t{1} << i);
-      t[i] = d == 0 ? kDefaultDivisions : d;
-    }
-    return t;
-  }();
-  return table;
-}
-
+// c10's round_size with TorchNeuron's smallest class: a power of two stays as
+// it is; otherwise the power-of-two interval [2^k, 2^(k+1)) holding the
+// request is split in its roundup_power2_divisions (looked up by k, as c10
+// does), and 0 or 1 divisions mean 512-byte steps.
 size_t size_class(size_t nbytes) {
   if (nbytes <= kMinBlockSize) return kMinBlockSize;
   if (nbytes >= kRoundedBelow) return round_up(nbytes, kAlignment);
-  const int log2_upper = 64 - __builtin_clzll(nbytes - 1);
-  const size_t divisions = divisions_by_interval()[log2_upper];
-  const size_t upper = size_t{1} << log2_upper;  // next power of two >= nbytes
-  const size_t lower = upper / 2;
+  const size_t divisions = settings_now().divisions_for(nbytes);
+  if (divisions <= 1) return round_up(nbytes, kAlignment);
+  const size_t lower = size_t{1} << (63 - __builtin_clzll(nbytes));
   const size_t step = std::max<size_t>(lower / divisions, kAlignment);
-  return std::min(upper, round_up(nbytes, step));
+  return round_up(nbytes, step);  // at most 2 * lower: step divides it
 }
 
 namespace {
@@ -141,6 +141,21 @@ struct Pool {
   std::set<Block*, BlockOrder> free;
 };
 
+// A quick list holds whole blocks of one size, stream and pool.
+struct QuickKey {
+  c10::StreamId stream;
+  size_t size;
+  bool small;
+  bool operator==(const QuickKey& o) const { return stream == o.stream && size == o.size && small == o.small; }
+};
+struct QuickKeyHash {
+  size_t operator()(const QuickKey& k) const {
+    size_t h = std::hash<int64_t>()(k.stream);
+    h ^= std::hash<size_t>()(k.size) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    return h ^ static_cast<size_t>(k.small);
+  }
+};
+
 struct DeviceState {
   Pool small{true, {}};
   Pool large{false, {}};
@@ -148,7 +163,7 @@ struct DeviceState {
   // takes one without searching, splitting or merging (eager code allocates
   // the same sizes over and over). They go back into the pools, merged, when
   // a request finds no fit there, and before cached segments are released.
-  ska::flat_hash_map<uint64_t, std::vector<Block*>> quick;
+  ska::flat_hash_map<QuickKey, std::vector<Block*>, QuickKeyHash> quick;
   DeviceStats stats;
   int64_t capacity = INT64_MAX;
   std::vector<Block*> pending;   // freed blocks waiting for their streams
@@ -194,17 +209,17 @@ c10::Device neuron(c10::DeviceIndex index) { return {kNeuron, index}; }
 
 size_t segment_size(const Pool& pool, size_t size) {
   if (pool.small) return kSmallBuffer;
-  if (size < kMinLargeAlloc) {
-    return std::max<size_t>(c10::CachingAllocator::AcceleratorAllocatorConfig::large_segment_size(), 20 << 20);
-  }
+  if (size < kMinLargeAlloc) return kLargeBuffer;
   return round_up(size, kRoundLarge);
 }
 
 bool should_split(const Block* block, size_t size) {
   const size_t remaining = block->size - size;
   if (block->pool->small) return remaining >= kMinBlockSize;
-  return size < c10::CachingAllocator::AcceleratorAllocatorConfig::max_split_size() && remaining > kSmallSize;
+  return size < settings_now().max_split_size && remaining > kSmallSize;
 }
+
+bool oversize(const Block* block) { return !block->pool->small && block->size >= settings_now().max_split_size; }
 
 void report_to_profiler(const Block* block, int64_t delta, const DeviceStats& stats) {
   if (c10::memoryProfilingEnabled()) {
@@ -234,7 +249,7 @@ class Core {
     process_pending();
     const size_t size = size_class(nbytes);
     Pool& pool = nbytes < kSmallSize ? d_.small : d_.large;  // by the request, as TorchNeuron documents
-    Block* block = take_quick(size, stream);
+    Block* block = take_quick(size, stream, pool.small);
     if (block == nullptr) block = take_free(pool, size, stream);
     if (block == nullptr && flush_quick()) block = take_free(pool, size, stream);
     if (block == nullptr) {
@@ -250,6 +265,8 @@ class Core {
         return nullptr;
       }
     }
+    // A 256-byte class takes half of a 512-byte slot, so that the rest stays on 512-byte boundaries.
+    if (size < kAlignment && block->size > kAlignment && aligned(block->ptr)) split(block, kAlignment);
     if (block->size > size && should_split(block, size)) split(block, size);
     block->allocated = true;
     block->kernel = kernel;
@@ -285,15 +302,16 @@ class Core {
     complete_free(block);
   }
 
-  // A kernel block becomes a device tensor's storage.
-  void adopt(Block* block) {
+  // A kernel block becomes a device tensor's storage (allocated by the op whose stack `context` holds).
+  void adopt(Block* block, std::shared_ptr<c10::GatheredContext> context) {
     block->kernel = false;
+    block->context = std::move(context);
     allocated(block);
   }
 
   // A host buffer no block holds (host code that bypassed the CPU allocator):
   // a segment of its own; null if it does not fit.
-  Block* adopt_foreign(c10::DataPtr& host, size_t nbytes, Oom* oom) {
+  Block* adopt_foreign(c10::DataPtr& host, size_t nbytes, std::shared_ptr<c10::GatheredContext> context, Oom* oom) {
     process_pending();
     if (!fits(nbytes) && release_cached()) d_.stats.num_alloc_retries += 1;
     if (!fits(nbytes)) {
@@ -306,6 +324,7 @@ class Core {
     add_segment(block);
     block->allocated = true;
     block->requested = nbytes;
+    block->context = std::move(context);
     g_allocated.emplace(block->ptr, block);
     allocated(block);
     return block;
@@ -366,20 +385,16 @@ class Core {
     }
   }
 
-  static uint64_t quick_key(size_t size, c10::StreamId stream) {
-    return (static_cast<uint64_t>(stream) << 48) ^ static_cast<uint64_t>(size);
-  }
-
   void keep_quick(Block* block) {
     block->context.reset();
     block->requested = 0;
     block->quick = true;
-    d_.quick[quick_key(block->size, block->stream)].push_back(block);
+    d_.quick[QuickKey{block->stream, block->size, block->pool->small}].push_back(block);
     count_inactive_split(block, +1);
   }
 
-  Block* take_quick(size_t size, c10::StreamId stream) {
-    auto it = d_.quick.find(quick_key(size, stream));
+  Block* take_quick(size_t size, c10::StreamId stream, bool small) {
+    auto it = d_.quick.find(QuickKey{stream, size, small});
     if (it == d_.quick.end() || it->second.empty()) return nullptr;
     Block* block = it->second.back();
     it->second.pop_back();
@@ -424,10 +439,11 @@ class Core {
     auto it = pool.free.lower_bound(&key);
     if (it == pool.free.end() || (*it)->stream != stream) return nullptr;
     Block* block = *it;
-    const size_t max_split = c10::CachingAllocator::AcceleratorAllocatorConfig::max_split_size();
-    // An unsplittable (oversize) cached block serves only requests close to its size.
-    if (size < max_split && block->size >= max_split) return nullptr;
-    if (size >= max_split && block->size >= size + kRoundLarge) return nullptr;
+    const AllocSettings& conf = settings_now();
+    // An unsplittable (oversize) cached block serves only requests within
+    // max_non_split_rounding_mb of its size (c10's rule).
+    if (size < conf.max_split_size && block->size >= conf.max_split_size) return nullptr;
+    if (size >= conf.max_split_size && block->size >= size + conf.max_non_split_rounding) return nullptr;
     pool.free.erase(it);
     count_inactive_split(block, -1);
     return block;
@@ -436,17 +452,13 @@ class Core {
   Block* new_segment(Pool& pool, size_t bytes, c10::StreamId stream) {
     if (!fits(bytes)) return nullptr;
     void* host = nullptr;
-    try {
-      host = c10::alloc_cpu(bytes);
-    } catch (...) {
+    if (posix_memalign(&host, kAlignment, bytes) != 0 || host == nullptr) {
       return nullptr;  // the host itself is out of memory: reported as the device's OOM
     }
     auto* block = new Block{index_, &pool, static_cast<char*>(host), bytes};
     block->stream = stream;
     add_segment(block);
-    if (!pool.small && bytes >= c10::CachingAllocator::AcceleratorAllocatorConfig::max_split_size()) {
-      d_.stats.oversize_segments.increase(1);
-    }
+    if (oversize(block)) d_.stats.oversize_segments.increase(1);
     return block;
   }
 
@@ -464,15 +476,13 @@ class Core {
       d_.stats.segment[t].decrease(1);
       d_.stats.reserved_bytes[t].decrease(block->size);
     });
-    if (!block->pool->small && block->size >= c10::CachingAllocator::AcceleratorAllocatorConfig::max_split_size()) {
-      d_.stats.oversize_segments.decrease(1);
-    }
+    if (oversize(block)) d_.stats.oversize_segments.decrease(1);
     d_.stats.num_device_free += 1;
     record(TraceEntry::SEGMENT_FREE, block);
     if (block->foreign) {
       block->foreign.clear();  // the host buffer goes back the way it was made
     } else {
-      c10::free_cpu(block->ptr);
+      std::free(block->ptr);  // from posix_memalign
     }
     delete block;
   }
@@ -489,20 +499,29 @@ class Core {
     count_inactive_split(rest, +1);
   }
 
-  // Back into the pool, merged with free neighbours.
+  static bool mergeable(const Block* other) {
+    return other != nullptr && !other->allocated && !other->pending && !other->quick;
+  }
+
+  // Back into the pool, merged with its free neighbours, as far as the
+  // merged block starts on a 512-byte boundary (only a 256-byte block may not).
   void cache(Block* block) {
-    for (Block* other : {block->prev, block->next}) {
-      if (other == nullptr || other->allocated || other->pending || other->quick) continue;
+    while (mergeable(block->prev) && aligned(block->prev->ptr)) {
+      Block* other = block->prev;
       block->pool->free.erase(other);
       count_inactive_split(other, -1);
-      if (other == block->prev) {
-        block->ptr = other->ptr;
-        block->prev = other->prev;
-        if (block->prev != nullptr) block->prev->next = block;
-      } else {
-        block->next = other->next;
-        if (block->next != nullptr) block->next->prev = block;
-      }
+      block->ptr = other->ptr;
+      block->prev = other->prev;
+      if (block->prev != nullptr) block->prev->next = block;
+      block->size += other->size;
+      delete other;
+    }
+    while (mergeable(block->next) && aligned(block->ptr)) {
+      Block* other = block->next;
+      block->pool->free.erase(other);
+      count_inactive_split(other, -1);
+      block->next = other->next;
+      if (block->next != nullptr) block->next->prev = block;
       block->size += other->size;
       delete other;
     }
@@ -538,7 +557,7 @@ class Core {
         s.requested_bytes[t].decrease(block->requested);
       }
     });
-    if (!block->pool->small && block->size >= c10::CachingAllocator::AcceleratorAllocatorConfig::max_split_size()) {
+    if (oversize(block)) {
       if (sign > 0) {
         s.oversize_allocations.increase(1);
       } else {
@@ -562,7 +581,7 @@ class Core {
   // PYTORCH_ALLOC_CONF garbage_collection_threshold: above that share of the
   // capacity, cached segments are returned before a new one is made.
   void collect_garbage(size_t want) {
-    const double threshold = c10::CachingAllocator::AcceleratorAllocatorConfig::garbage_collection_threshold();
+    const double threshold = settings_now().garbage_collection_threshold;
     if (threshold <= 0.0 || d_.capacity == INT64_MAX) return;
     const double reserved = static_cast<double>(d_.stats.reserved_bytes[0].current + static_cast<int64_t>(want));
     if (reserved > threshold * static_cast<double>(d_.capacity)) release_cached();
@@ -636,7 +655,8 @@ struct NeuronAllocator final : c10::DeviceAllocator {
     check_index(index);
     std::lock_guard<SpinLock> lock(g_mutex);
     auto stats = g_devices[index].stats;
-    stats.max_split_size = static_cast<int64_t>(c10::CachingAllocator::AcceleratorAllocatorConfig::max_split_size());
+    const size_t max_split = settings_now().max_split_size;
+    stats.max_split_size = max_split == SIZE_MAX ? -1 : static_cast<int64_t>(max_split);
     return stats;
   }
   void resetAccumulatedStats(c10::DeviceIndex index) override {
@@ -685,7 +705,11 @@ struct KernelAllocator final : c10::Allocator {
 
   c10::DataPtr allocate(size_t nbytes) override {
     const c10::DeviceIndex index = t_kernel_device;
-    if (index < 0 || nbytes == 0) return base->allocate(nbytes);
+    // Before the settings are read, or in a forked child (whose copy of the pools is not its own), a
+    // kernel takes plain host memory; its result is refused there when it would become device memory.
+    if (index < 0 || nbytes == 0 || parsed_alloc_settings() == nullptr || in_bad_fork()) {
+      return base->allocate(nbytes);
+    }
     const auto stream = current_stream_id(index);
     Oom oom;
     Block* block = nullptr;
@@ -749,7 +773,8 @@ REGISTER_ALLOCATOR(kNeuron, g_allocator);
 c10::DeviceAllocator* device_allocator() { return g_allocator; }
 
 c10::DataPtr allocate_on(c10::DeviceIndex index, size_t nbytes) {
-  runtime();
+  runtime();         // raises in a forked child
+  alloc_settings();  // raises while PYTORCH_ALLOC_CONF is bad
   if (nbytes == 0) return {nullptr, nullptr, nullptr, neuron(index)};
   TORCH_CHECK_WITH(OutOfMemoryError, nbytes <= static_cast<size_t>(INT64_MAX), "neuron:", static_cast<int>(index),
                    " out of memory: tried to allocate ", nbytes, " bytes");
@@ -766,7 +791,9 @@ c10::DataPtr allocate_on(c10::DeviceIndex index, size_t nbytes) {
 }
 
 c10::DataPtr adopt(c10::DataPtr&& host, size_t nbytes, c10::DeviceIndex index) {
+  runtime();  // raises in a forked child: an op's result is device memory as much as torch.empty's
   if (host.get() == nullptr) return {nullptr, nullptr, nullptr, neuron(index)};
+  auto context = gather_context(index);  // the op's stack, while history is recorded (else null, at once)
   Oom oom;
   Block* block = nullptr;
   {
@@ -775,7 +802,7 @@ c10::DataPtr adopt(c10::DataPtr&& host, size_t nbytes, c10::DeviceIndex index) {
       block = find_block(host.get());
       TORCH_INTERNAL_ASSERT(block != nullptr);
       if (block->device == index) {
-        if (block->kernel) Core(index).adopt(block);
+        if (block->kernel) Core(index).adopt(block, std::move(context));
         host.release_context();
         return block_ptr(block, neuron(index));
       }
@@ -790,10 +817,26 @@ c10::DataPtr adopt(c10::DataPtr&& host, size_t nbytes, c10::DeviceIndex index) {
     // A buffer from elsewhere (host code that did not use the CPU allocator).
     // On failure it stays with the caller, who frees it.
     std::lock_guard<SpinLock> lock(g_mutex);
-    block = Core(index).adopt_foreign(host, nbytes, &oom);
+    block = Core(index).adopt_foreign(host, nbytes, std::move(context), &oom);
   }
   if (block == nullptr) raise_oom(index, oom);
   return block_ptr(block, neuron(index));
+}
+
+int64_t memory_stat(c10::DeviceIndex index, MemoryStat which) {
+  std::lock_guard<SpinLock> lock(g_mutex);
+  const auto& s = g_devices[index].stats;
+  switch (which) {
+    case MemoryStat::kAllocated:
+      return s.allocated_bytes[0].current;
+    case MemoryStat::kAllocatedPeak:
+      return s.allocated_bytes[0].peak;
+    case MemoryStat::kReserved:
+      return s.reserved_bytes[0].current;
+    case MemoryStat::kReservedPeak:
+      return s.reserved_bytes[0].peak;
+  }
+  TORCH_CHECK_VALUE(false, "unknown memory statistic ", static_cast<int>(which));
 }
 
 void empty_cache() {

@@ -20,7 +20,19 @@ struct Event {
   std::chrono::steady_clock::time_point when;
 };
 
-std::atomic<c10::StreamId> g_next_stream{1};  // 0 is each core's default stream
+// New streams come from a fixed pool per core and priority, as CUDA's do (32
+// low-priority and 32 high-priority streams, handed out round-robin): ids
+// recycle, so memory cached for one stream serves the next one that reuses
+// the id, and a loop that makes a stream per step does not strand the cache.
+// Id 0 is each core's default stream, 1-32 the low-priority pool, 33-64 the
+// high-priority one.
+constexpr uint32_t kStreamsPerPool = 32;
+std::array<std::array<std::atomic<uint32_t>, 2>, kMaxDevices> g_pool_next{};
+
+c10::StreamId pool_stream(c10::DeviceIndex index, bool high_priority) {
+  const uint32_t k = g_pool_next[index][high_priority].fetch_add(1, std::memory_order_relaxed) % kStreamsPerPool;
+  return 1 + (high_priority ? kStreamsPerPool : 0) + k;
+}
 thread_local std::array<c10::StreamId, kMaxDevices> t_current_stream{};
 
 // "neuron" without an index means the calling thread's current core; any
@@ -55,10 +67,12 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::Stream getDefaultStream(c10::Device d) const override {
     return c10::Stream(c10::Stream::UNSAFE, resolve(d), 0);
   }
-  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return getNewStream(d, 0); }
-  c10::Stream getNewStream(c10::Device d, int) const override {
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool high_priority) const override {
     d = resolve(d);
-    return c10::Stream(c10::Stream::UNSAFE, d, g_next_stream.fetch_add(1));
+    return c10::Stream(c10::Stream::UNSAFE, d, pool_stream(d.index(), high_priority));
+  }
+  c10::Stream getNewStream(c10::Device d, int priority) const override {
+    return getStreamFromGlobalPool(d, priority < 0);  // CUDA: lower numbers are higher priorities
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
     check_index(s.device_index());

@@ -6,7 +6,6 @@
 // Stacks are gathered with PyTorch's CapturedTraceback, as CUDA's are.
 #include "allocator.h"
 
-#include <c10/core/AllocatorConfig.h>
 #include <c10/util/ApproximateClock.h>
 #include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/csrc/utils/pybind.h>
@@ -34,6 +33,8 @@ const char* action_name(int action) {
       return "segment_alloc";
     case TraceEntry::SEGMENT_FREE:
       return "segment_free";
+    case TraceEntry::SNAPSHOT:
+      return "snapshot";
     default:
       return "oom";
   }
@@ -48,25 +49,38 @@ int64_t now_us() {
 
 // ---------------------------------------------------------------- recording
 
-void History::configure(int when, bool trace, size_t max_entries, bool cpp_stacks, bool clear) {
+void History::configure(int when, bool trace, size_t max_entries, bool cpp_stacks, bool clear, uint32_t skip) {
+  std::lock_guard<std::mutex> lock(mutex_);
   when_.store(when);
   trace_.store(trace);
-  cpp_ = cpp_stacks;
-  max_entries_ = trace ? std::max<size_t>(max_entries, 1) : 0;
-  if (clear || !trace) {
-    ring_.clear();
+  cpp_.store(cpp_stacks);
+  skip_ = skip;
+  const size_t entries = trace ? std::max<size_t>(max_entries, 1) : 0;
+  if (clear || !trace || entries != max_entries_) {
+    // A ring of another length starts afresh (its order would be lost), as does a cleared one.
+    if (!clear && trace && !ring_.empty()) {
+      std::vector<Entry> ordered(ring_.begin() + static_cast<std::ptrdiff_t>(next_), ring_.end());
+      ordered.insert(ordered.end(), ring_.begin(), ring_.begin() + static_cast<std::ptrdiff_t>(next_));
+      if (ordered.size() > entries) ordered.erase(ordered.begin(), ordered.end() - static_cast<std::ptrdiff_t>(entries));
+      ring_ = std::move(ordered);
+    } else {
+      ring_.clear();
+    }
     next_ = 0;
   }
+  max_entries_ = entries;
 }
 
 std::shared_ptr<c10::GatheredContext> History::gather() const {
-  if (when_.load(std::memory_order_relaxed) == 0) return nullptr;
-  return torch::CapturedTraceback::gather(/*python=*/true, /*script=*/true, /*cpp=*/cpp_);
+  if (C10_LIKELY(when_.load(std::memory_order_relaxed) == 0)) return nullptr;
+  return torch::CapturedTraceback::gather(/*python=*/true, /*script=*/true, /*cpp=*/cpp_.load());
 }
 
 void History::record(int action, c10::DeviceIndex, size_t addr, size_t size, c10::StreamId stream,
                      std::shared_ptr<c10::GatheredContext> context) {
   if (!trace_.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (max_entries_ == 0 || (skip_ & (1u << action)) != 0) return;
   Entry entry{action_name(action), addr, size, stream, now_us(), std::move(context)};
   if (ring_.size() < max_entries_) {
     ring_.push_back(std::move(entry));
@@ -81,6 +95,7 @@ void History::record_oom(c10::DeviceIndex device, size_t free_bytes, size_t size
 }
 
 std::vector<History::Entry> History::entries() const {
+  std::lock_guard<std::mutex> lock(mutex_);
   std::vector<Entry> out(ring_.begin() + static_cast<std::ptrdiff_t>(next_), ring_.end());
   out.insert(out.end(), ring_.begin(), ring_.begin() + static_cast<std::ptrdiff_t>(next_));
   return out;
@@ -131,28 +146,37 @@ class Frames {
 };
 
 py::dict allocator_settings() {
-  using Config = c10::CachingAllocator::AcceleratorAllocatorConfig;
+  const AllocSettings& conf = alloc_settings();
   py::dict settings;
-  const char* conf = std::getenv("PYTORCH_ALLOC_CONF");
-  settings["PYTORCH_ALLOC_CONF"] = conf != nullptr ? conf : "";
-  settings["max_split_size"] = Config::max_split_size();
-  settings["garbage_collection_threshold"] = Config::garbage_collection_threshold();
+  settings["PYTORCH_ALLOC_CONF"] = conf.text;
+  settings["max_split_size"] = conf.max_split_size;
+  settings["max_non_split_rounding_size"] = conf.max_non_split_rounding;
+  settings["garbage_collection_threshold"] = conf.garbage_collection_threshold;
   settings["expandable_segments"] = false;
   py::dict divisions;
-  const auto& configured = Config::roundup_power2_divisions();
-  for (size_t i = 0; i < configured.size(); ++i) divisions[py::str(std::to_string(size_t{1} << i))] = configured[i];
+  for (size_t i = 0; i < conf.divisions.size(); ++i) {
+    divisions[py::str(std::to_string((size_t{1} << 20) << i))] = conf.divisions[i];
+  }
   settings["roundup_power2_divisions"] = divisions;
   return settings;
 }
 
 }  // namespace
 
-py::dict memory_snapshot() {
+py::dict memory_snapshot(bool include_traces) {
   const auto segments = snapshot_segments();
   const auto n = is_initialized() ? runtime().device_count : 0;
-  std::vector<std::vector<History::Entry>> traces;
-  traces.reserve(n);
-  for (c10::DeviceIndex i = 0; i < n; ++i) traces.push_back(history(i).entries());
+  std::vector<std::vector<History::Entry>> traces(n);
+  for (c10::DeviceIndex i = 0; i < n; ++i) {
+    // As CUDA's: a "snapshot" event (with the bytes active) lets a trace be lined up with the snapshot.
+    size_t active = 0;
+    for (const auto& seg : segments) {
+      if (seg.device != i) continue;
+      for (const auto& b : seg.blocks) active += b.active ? b.size : 0;
+    }
+    history(i).record(TraceEntry::SNAPSHOT, i, 0, active, 0, nullptr);
+    if (include_traces) traces[i] = history(i).entries();
+  }
 
   Frames frames;
   for (const auto& seg : segments) {
@@ -226,7 +250,8 @@ py::dict memory_snapshot() {
 }
 
 void record_memory_history(std::optional<std::string> enabled, std::optional<std::string> context,
-                           const std::string& stacks, size_t max_entries, bool clear_history) {
+                           const std::string& stacks, size_t max_entries, bool clear_history,
+                           const std::vector<std::string>& skip_actions) {
   TORCH_CHECK_VALUE(!enabled || *enabled == "state" || *enabled == "all",
                     "_record_memory_history: enabled must be None, 'state' or 'all', got '", *enabled, "'");
   TORCH_CHECK_VALUE(!context || *context == "state" || *context == "alloc" || *context == "all",
@@ -236,8 +261,20 @@ void record_memory_history(std::optional<std::string> enabled, std::optional<std
   int when = 0;
   if (enabled && context) when = *context == "state" ? 1 : (*context == "alloc" ? 2 : 3);
   const bool trace = enabled && *enabled == "all";
+  uint32_t skip = 0;
+  for (const auto& name : skip_actions) {
+    int action = -1;
+    for (int a = TraceEntry::ALLOC; a <= TraceEntry::OOM; ++a) {
+      if (a != TraceEntry::SEGMENT_MAP && a != TraceEntry::SEGMENT_UNMAP && name == action_name(a)) action = a;
+    }
+    TORCH_CHECK_VALUE(action >= 0, "_record_memory_history: skip_actions takes 'alloc', 'free_requested', "
+                      "'free_completed', 'segment_alloc', 'segment_free', 'oom' and 'snapshot', got '", name, "'");
+    skip |= 1u << action;
+  }
   const auto n = runtime().device_count;
-  for (c10::DeviceIndex i = 0; i < n; ++i) history(i).configure(when, trace, max_entries, stacks == "all", clear_history);
+  for (c10::DeviceIndex i = 0; i < n; ++i) {
+    history(i).configure(when, trace, max_entries, stacks == "all", clear_history, skip);
+  }
 }
 
 std::string python_stack_text() {
