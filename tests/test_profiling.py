@@ -228,6 +228,40 @@ def test_key_averages_shows_device_time_for_neuron_ops_only() -> None:
     assert "NEURON" in prof.key_averages().table(row_limit=5)
 
 
+def test_compiled_graphs_are_one_device_event_per_execution(tmp_path: Path) -> None:
+    """On hardware a compiled graph is one NEFF execution: one device event on its core, linked to the CPU op
+    that runs it, counted as NEURON time; the host kernels it calls (here aten::mm.out) are not events of
+    their own. Eager runs of the same ops are the reference for the values."""
+    f = torch.compile(lambda x: torch.relu(x) * 2 + torch.sin(x), backend="neuron")
+    g = torch.compile(lambda x: torch.relu(x @ x) + 1, backend="neuron")
+    x = torch.randn(32, 32, device="neuron:1", requires_grad=True)
+    f(x), g(x)  # compiled before the session
+    with profile(activities=BOTH) as prof:
+        outs = [f(x) for _ in range(5)]
+        y = g(x)
+        y.sum().backward()
+    torch.testing.assert_close(outs[-1], torch.relu(x) * 2 + torch.sin(x))
+    torch.testing.assert_close(y, torch.relu(x @ x) + 1)
+    trace = chrome_trace(prof, tmp_path)
+    events = kernels(trace)
+    graphs = [e for e in events if e["name"].startswith("neuron::graph")]
+    names = sorted(e["name"] for e in graphs)
+    assert len([n for n in names if n.endswith("(forward)")]) == 6 and len(names) == 7, names
+    assert len([n for n in names if n.endswith("(backward)")]) == 1
+    assert all(e["tid"] == 1 and e["args"]["device"] == "neuron:1" for e in graphs)
+    assert not any(e["name"].startswith(("aten::mm", "aten::relu", "aten::sin")) for e in events), events
+    cpu_ops = {e["args"]["External id"]: e for e in trace["traceEvents"] if e.get("cat") == "cpu_op"}
+    for e in graphs:
+        op = cpu_ops[e["args"]["External id"]]  # Inductor's "## Call CompiledFxGraph ... ##"
+        assert "CompiledFxGraph" in op["name"], op
+        assert op["ts"] - 1 <= e["ts"] and e["ts"] + e["dur"] <= op["ts"] + op["dur"] + 1, (e, op)
+    rows = [r for r in prof.key_averages() if "CompiledFxGraph" in r.key]
+    assert sum(r.count for r in rows) == 7 and all(r.device_time_total > 0 for r in rows)
+    with profile(activities=[ProfilerActivity.CPU]) as cpu_only:
+        f(x)
+    assert not [e for e in cpu_only.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1]
+
+
 def test_collectives_are_device_events_with_their_bytes(tmp_path: Path) -> None:
     dist.init_process_group("neuron", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:

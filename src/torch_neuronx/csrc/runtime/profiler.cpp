@@ -134,12 +134,30 @@ REGISTER_PRIVATEUSE1_PROFILER(ActivityProfiler);
 
 int64_t profiler_now_ns() { return libkineto::timeSinceEpoch(std::chrono::system_clock::now()); }
 
+namespace {
+// Compiled graphs this thread is running: on hardware a graph is one NEFF execution, so the host kernels a
+// graph calls (its extern calls, such as aten::mm.out) are not device events of their own.
+thread_local int t_graph_depth = 0;
+}  // namespace
+
 void record_device_event(const std::string& name, c10::DeviceIndex device, int64_t start_ns, int64_t end_ns,
                          int64_t bytes) {
+  if (t_graph_depth > 0) return;
   const uint64_t correlation = t_correlation.empty() ? 0 : t_correlation.back();
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_device_profiling.load(std::memory_order_relaxed)) return;
   g_events.push_back({name, device, start_ns, end_ns, correlation, bytes});
+}
+
+GraphEventScope::GraphEventScope(std::string name, c10::DeviceIndex device)
+    : active_(device_profiling()), name_(std::move(name)), device_(device), start_(active_ ? profiler_now_ns() : 0) {
+  if (active_) ++t_graph_depth;
+}
+
+GraphEventScope::~GraphEventScope() {
+  if (!active_) return;
+  --t_graph_depth;
+  record_device_event(name_, device_, start_, profiler_now_ns());
 }
 
 }  // namespace torch_neuronx

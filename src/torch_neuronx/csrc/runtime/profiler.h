@@ -33,4 +33,20 @@ class DeviceEventScope {
   int64_t start_;
 };
 
+// One execution of a compiled graph on core `device`, while a session records: one device event, linked to
+// the CPU op that runs it; the host kernels it calls meanwhile record none of their own.
+class GraphEventScope {
+ public:
+  GraphEventScope(std::string name, c10::DeviceIndex device);
+  ~GraphEventScope();
+  GraphEventScope(const GraphEventScope&) = delete;
+  GraphEventScope& operator=(const GraphEventScope&) = delete;
+
+ private:
+  bool active_;
+  std::string name_;
+  c10::DeviceIndex device_;
+  int64_t start_;
+};
+
 }  // namespace torch_neuronx
