@@ -1,0 +1,51 @@
+"""``import nki`` for TorchNeuron's emulator: AWS's NKI package when it is installed, the interpreter otherwise.
+
+This module is only a router, and it never shadows AWS's package:
+
+* installed into the same ``site-packages`` as AWS's ``nki/`` package, Python's
+  path finder picks the package directory over this ``nki.py``, so this file
+  never runs;
+* found first on ``sys.path`` (an editable install, ``PYTHONPATH``), it looks
+  for another ``nki`` on the path and, when there is one, loads that in its
+  place;
+* only when there is none does ``nki`` become ``torch_neuronx.nki``, the host
+  interpreter of the NKI API, whose ``__emulated__`` is true.
+
+``torch_neuronx.nki.provider()`` says which one a plain ``import nki`` gives.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+
+def _real_nki() -> importlib.machinery.ModuleSpec | None:
+    here = os.path.realpath(__file__)
+    for entry in sys.path:
+        try:
+            spec = importlib.machinery.PathFinder.find_spec("nki", [entry or os.getcwd()])
+        except (ImportError, OSError, ValueError):
+            continue
+        if spec is None or spec.origin is None:
+            continue
+        if os.path.realpath(spec.origin) != here:
+            return spec
+    return None
+
+
+def _route() -> None:
+    spec = _real_nki()
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["nki"] = module
+        spec.loader.exec_module(module)
+        return
+    from torch_neuronx.nki._importer import install
+
+    install()
+
+
+_route()

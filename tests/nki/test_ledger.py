@@ -1,0 +1,99 @@
+"""The on-chip capacity ledger: live SBUF bytes per partition and PSUM banks, high-water marks against the target's
+budget (trn1 192 KiB, trn2 224 KiB per partition; 8 banks of 2 KiB), a warning by default, an error when strict."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import torch_neuronx.nki as nki
+from torch_neuronx.nki import NkiCapacityWarning, NkiValidationError
+
+nl = nki.language
+nisa = nki.isa
+X = np.zeros((128, 4), dtype=np.float32)
+KIB = 1024
+
+
+def hold_sbuf(kib_per_tile: int, tiles: int, **options: object) -> nki.Kernel:
+    @nki.jit(**options)
+    def hold(a):  # type: ignore[no-untyped-def]
+        live = []
+        for _ in nl.affine_range(tiles):
+            t = nl.ndarray((128, kib_per_tile * KIB // 4), dtype=nl.float32, buffer=nl.sbuf)
+            live.append(t)  # all stay live: the kernel needs them at once
+        del live
+        t = nl.ndarray((128, 8), dtype=nl.bfloat16, buffer=nl.sbuf)  # 16 bytes, after the others are freed
+
+    return hold
+
+
+def test_peak_is_exact_and_freed_tiles_are_returned() -> None:
+    hold_sbuf(32, 3, platform_target="trn2")(X)
+    report = nki.last_report()
+    assert report.sbuf_peak_bytes == 3 * 32 * KIB
+    assert report.sbuf_budget_bytes == 224 * KIB and report.target == "trn2" and not report.over_budget
+
+
+def test_tiles_rebound_in_a_loop_do_not_pile_up() -> None:
+    @nki.jit
+    def loop(a):  # type: ignore[no-untyped-def]
+        for _ in nl.affine_range(50):
+            t = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf)  # 4 KiB per partition
+            nisa.memset(dst=t, value=0.0)
+
+    loop(X)
+    assert nki.last_report().sbuf_peak_bytes == 2 * 4 * KIB  # the new tile exists before the old one is dropped
+
+
+def test_over_budget_warns_by_default_with_the_figures() -> None:
+    with pytest.warns(NkiCapacityWarning, match=r"err-sbuf-capacity-exceeded.*229376") as record:
+        hold_sbuf(64, 4, platform_target="trn2")(X)  # 256 KiB > 224 KiB
+    assert len(record) == 1  # once per launch
+    report = nki.last_report()
+    assert report.sbuf_peak_bytes == 256 * KIB and report.over_budget
+    assert report.warnings == ["err-sbuf-capacity-exceeded"]
+
+
+def test_the_budget_follows_the_target() -> None:
+    kernel = hold_sbuf(50, 4)  # 200 KiB per partition: fits trn2's 224, not trn1's 192
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nki.jit(kernel, platform_target="trn2")(X)
+    with pytest.warns(NkiCapacityWarning):
+        nki.jit(kernel, platform_target="trn1")(X)
+
+
+def test_strict_mode_raises_at_the_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(NkiValidationError, match="err-sbuf-capacity-exceeded") as info:
+        hold_sbuf(64, 4, capacity="strict", platform_target="trn2")(X)
+    assert info.value.limit == 224 * KIB and info.value.value == 256 * KIB
+    monkeypatch.setenv("TORCH_NEURONX_NKI_CAPACITY", "strict")
+    with pytest.raises(NkiValidationError):
+        hold_sbuf(64, 4, platform_target="trn2")(X)
+    monkeypatch.setenv("TORCH_NEURONX_NKI_CAPACITY", "off")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hold_sbuf(64, 4, platform_target="trn2")(X)
+
+
+def test_psum_has_eight_banks() -> None:
+    @nki.jit(capacity="strict")
+    def nine_banks(a):  # type: ignore[no-untyped-def]
+        banks = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(8)]
+        small = nl.ndarray((128, 16), dtype=nl.float32, buffer=nl.psum)  # a partial bank still takes a bank
+        return banks, small
+
+    with pytest.raises(NkiValidationError, match="err-psum-capacity-exceeded") as info:
+        nine_banks(X)
+    assert info.value.value == 9 and info.value.limit == 8
+
+    @nki.jit
+    def eight(a):  # type: ignore[no-untyped-def]
+        banks = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(8)]
+        del banks
+
+    eight(X)
+    assert nki.last_report().psum_peak_banks == 8 and not nki.last_report().over_budget
