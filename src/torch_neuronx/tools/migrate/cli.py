@@ -1,0 +1,110 @@
+"""The ``migrate`` sub-command of ``torch-neuronx``: paths in, migrated files and a report out, exit code for CI.
+
+Building the parser imports nothing heavy (no libcst, no torch): ``torch-neuronx info`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EPILOG = """examples:
+  torch-neuronx migrate train.py                          # dry run: the report only, nothing written
+  torch-neuronx migrate train.py --diff                   # ... and the unified diff
+  torch-neuronx migrate scripts/ --out migrated/ --json migrate.json
+  torch-neuronx migrate train.py --in-place
+  torch-neuronx migrate train.py --out migrated/ --check -- --steps 5   # then torch-neuronx check against CPU
+exit code: 0 when nothing is flagged, 1 when flags remain (or --check fails), 2 for bad input."""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser(
+        "migrate", help="rewrite PyTorch/XLA, Optimum Neuron and NeuronX Distributed training code into native "
+        "PyTorch on the neuron device, and flag what needs a person", epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", nargs="+", metavar="PATH", help="Python files, notebooks (.ipynb), shell launchers "
+                   "(.sh), or folders holding them")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", metavar="DIR", help="write the migrated files here (folders mirrored)")
+    where.add_argument("--in-place", action="store_true", help="overwrite the files that change")
+    p.add_argument("--diff", action="store_true", help="print a unified diff of each changed file")
+    p.add_argument("--json", metavar="PATH", help="write the report as JSON here")
+    p.add_argument("--target", choices=("neuron", "cpu"), default="neuron",
+                   help="neuron (default), or cpu: the portable CPU twin used as the reference by --check")
+    p.add_argument("--quiet", action="store_true", help="print only the summary line")
+    p.add_argument("--check-nproc-per-node", type=int, metavar="N",
+                   help="--check: run the migrated script under torchrun with N processes (and its CPU twin too)")
+    p.add_argument("--check-out", metavar="DIR", default="neuronx-check",
+                   help="--check: where the check's events and report go (default %(default)s)")
+    p.add_argument("--check", action="store_true",
+                   help="then run `torch-neuronx check` on the migrated script against its CPU twin; give it last: "
+                   "--check -- ARGS (ARGS go to the script); needs --out or --in-place and one Python script")
+
+
+def split_check(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`migrate ... --check -- ARGS`: ARGS belong to the script, not to argparse (which would take them for paths)."""
+    if not argv or argv[0] != "migrate" or "--check" not in argv:
+        return argv, []
+    i = argv.index("--check")
+    rest = argv[i + 1:]
+    return argv[: i + 1], rest[1:] if rest[:1] == ["--"] else rest
+
+
+def _run_check(args: argparse.Namespace, script_args: list[str], results: list,
+               target_cpu: object) -> tuple[int, str | None]:
+    from torch_neuronx.tools.check import report as check_report
+    from torch_neuronx.tools.check.run import CheckConfig, check
+    from torch_neuronx.tools.migrate.engine import migrate_source
+
+    scripts = [m for m in results if m.report.kind == "python" and m.report.output and not m.report.error]
+    if len(scripts) != 1:
+        print(f"torch-neuronx migrate: --check needs exactly one migrated Python script, got {len(scripts)}",
+              file=sys.stderr)
+        return 2, None
+    m = scripts[0]
+    out = Path(m.report.output)
+    twin = out.with_name(out.stem + "_cpu_reference.py")
+    ref = migrate_source(m.source, "python", target_cpu, str(twin))  # type: ignore[arg-type]
+    twin.write_text(ref.result or "")
+    check_dir = Path(args.check_out)
+    cfg = CheckConfig(command=[str(out), *script_args], reference=[str(twin), *script_args],
+                      nproc_per_node=args.check_nproc_per_node, out_dir=check_dir, progress=False)
+    try:
+        doc = check(cfg)
+    except ValueError as e:
+        print(f"torch-neuronx migrate --check: {e}", file=sys.stderr)
+        return 2, None
+    json_path = check_dir / "check.json"
+    check_report.write_json(doc, json_path)
+    print(check_report.text(doc))
+    m.report.check_report = str(json_path)
+    return (1 if doc["verdict"] == "fail" else 0), str(json_path)
+
+
+def run(args: argparse.Namespace, check_args: list[str] | None = None) -> int:
+    from torch_neuronx.tools.migrate import report
+    from torch_neuronx.tools.migrate.engine import migrate_paths, unified_diff
+    from torch_neuronx.tools.migrate.python import CPU, NEURON
+
+    if args.check and not (args.out or args.in_place):
+        print("torch-neuronx migrate: --check runs the migrated script: give --out DIR or --in-place",
+              file=sys.stderr)
+        return 2
+    target = CPU if args.target == "cpu" else NEURON
+    results = migrate_paths(args.paths, out_dir=args.out, in_place=args.in_place, target=target)
+    files = [m.report for m in results]
+    if args.diff:
+        sys.stdout.write(unified_diff(results))
+    text = report.text(files)
+    print(text.splitlines()[-1] if args.quiet else text)
+    code = report.exit_code(files)
+    check_code = 0
+    if args.check and code < 2:
+        check_code, _ = _run_check(args, list(check_args or []), results, CPU)
+    if args.json:
+        report.write_json(files, args.json)
+        print(f"JSON report: {args.json}")
+    if not args.out and not args.in_place and any(f.changed for f in files):
+        print("(dry run: nothing written; use --out DIR or --in-place)")
+    return max(code, check_code)

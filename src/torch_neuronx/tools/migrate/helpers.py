@@ -1,0 +1,181 @@
+"""The native helpers a migrated script gets, inlined after its imports.
+
+They are inlined, not imported from torch_neuronx, on purpose: the migrated script must run on a real Trainium
+instance under AWS's TorchNeuron, which has no such module, and on a CPU-only machine as its own reference. Each
+keeps one torch_xla semantic that has no one-line native form:
+
+- ``xm.optimizer_step`` / ``xm.reduce_gradients`` all-reduce and *average* the gradients over the world (XLA
+  scales the sum by ``1 / world_size``), only when more than one process runs;
+- ``pl.MpDeviceLoader`` moves each batch (tensors inside lists, tuples and dicts) to the device and can be iterated
+  once per epoch;
+- ``xm.save`` moves everything to the CPU, writes on the (local) master only, then waits for every process;
+- ``xm.all_reduce`` returns a new tensor for a tensor (in place for a list) and applies ``scale``;
+- ``xm.mesh_reduce`` gathers a Python value from every process and reduces it;
+- NxD's ``parallel_state`` holds the tensor/data parallel mesh.
+
+Names start with ``neuron_`` so that a second migration finds them (and adds nothing) and user names are safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Helper:
+    name: str
+    source: str
+    imports: tuple[str, ...]  # modules the helper needs (`import X`)
+    needs: tuple[str, ...] = ()  # other helpers it calls
+
+
+_TO_DEVICE = '''
+def neuron_to_device(data, device):
+    """Move tensors (inside lists, tuples and dicts too) to `device` (torch-neuronx migrate)."""
+    if isinstance(data, torch.Tensor):
+        return data.to(device)
+    if isinstance(data, dict):
+        return type(data)((k, neuron_to_device(v, device)) for k, v in data.items())
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # a namedtuple
+        return type(data)(*(neuron_to_device(v, device) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(neuron_to_device(v, device) for v in data)
+    return data
+'''
+
+_LOADER = '''
+class NeuronDeviceLoader:
+    """Iterate `loader` with each batch moved to `device`, as the XLA MpDeviceLoader did (torch-neuronx migrate)."""
+
+    def __init__(self, loader, device, **kwargs):
+        self.loader = loader
+        self.device = device
+
+    def __iter__(self):
+        for batch in self.loader:
+            yield neuron_to_device(batch, self.device)
+
+    def __len__(self):
+        return len(self.loader)
+'''
+
+_AVERAGE = '''
+def neuron_average_gradients(optimizer):
+    """All-reduce and average the gradients over the data-parallel processes, as xm.reduce_gradients did
+    (torch-neuronx migrate). With a (dp, tp) mesh from neuron_init_mesh, only over its "dp" dimension."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    mesh = globals().get("NEURON_MESH", {}).get("mesh")
+    group = mesh["dp"].get_group() if mesh is not None else None
+    world_size = torch.distributed.get_world_size(group)
+    if world_size < 2:
+        return
+    for param_group in optimizer.param_groups:
+        for param in param_group["params"]:
+            if param.grad is not None:
+                grad = param.grad.to_local() if hasattr(param.grad, "to_local") else param.grad
+                torch.distributed.all_reduce(grad, group=group)
+                grad.mul_(1.0 / world_size)
+'''
+
+_OPT_STEP = '''
+def neuron_optimizer_step(optimizer, barrier=False, optimizer_args=None, **kwargs):
+    """Average the gradients, then step, as xm.optimizer_step did; returns what step returns (torch-neuronx migrate)."""
+    neuron_average_gradients(optimizer)
+    return optimizer.step(**(optimizer_args or {}))
+'''
+
+_SAVE = '''
+def neuron_save(data, path, master_only=True, global_master=False):
+    """torch.save on the master only, after moving to the CPU, then wait for all, as xm.save did (torch-neuronx
+    migrate). The master is the local one (LOCAL_RANK 0) unless global_master (RANK 0)."""
+    rank = int(os.environ.get("RANK" if global_master else "LOCAL_RANK", "0"))
+    if not master_only or rank == 0:
+        torch.save(neuron_to_device(data, "cpu"), path)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+'''
+
+_ALL_REDUCE = '''
+def neuron_all_reduce(reduce_type, inputs, scale=1.0, groups=None, **kwargs):
+    """xm.all_reduce: a new tensor for a tensor, in place for a list of tensors, times `scale` (torch-neuronx
+    migrate). `groups` (lists of ranks) is not translated: the whole world reduces."""
+    tensors = [inputs.clone()] if isinstance(inputs, torch.Tensor) else list(inputs)
+    for t in tensors:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(t, op=reduce_type)
+        if scale != 1.0:
+            t.mul_(scale)
+    return tensors[0] if isinstance(inputs, torch.Tensor) else inputs
+'''
+
+_MESH_REDUCE = '''
+def neuron_mesh_reduce(tag, data, reduce_fn):
+    """Gather `data` from every process, reduce it with `reduce_fn`, as xm.mesh_reduce did (torch-neuronx migrate)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return reduce_fn([data])
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, data)
+    return reduce_fn(gathered)
+'''
+
+_MESH = '''
+NEURON_MESH = {}
+
+
+def neuron_init_mesh(tensor_model_parallel_size=1, **kwargs):
+    """The (dp, tp) device mesh NxD's parallel_state.initialize_model_parallel set up (torch-neuronx migrate)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group({backend!r})
+    world_size = torch.distributed.get_world_size()
+    tp = int(tensor_model_parallel_size)
+    NEURON_MESH["mesh"] = init_device_mesh({device!r}, (world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+    return NEURON_MESH["mesh"]
+
+
+def neuron_mesh():
+    """The mesh made by neuron_init_mesh (torch-neuronx migrate)."""
+    return NEURON_MESH["mesh"]
+'''
+
+HELPERS: dict[str, Helper] = {
+    h.name: h
+    for h in (
+        Helper("neuron_to_device", _TO_DEVICE, ("torch",)),
+        Helper("NeuronDeviceLoader", _LOADER, (), ("neuron_to_device",)),
+        Helper("neuron_average_gradients", _AVERAGE, ("torch",)),
+        Helper("neuron_optimizer_step", _OPT_STEP, (), ("neuron_average_gradients",)),
+        Helper("neuron_save", _SAVE, ("os", "torch"), ("neuron_to_device",)),
+        Helper("neuron_all_reduce", _ALL_REDUCE, ("torch",)),
+        Helper("neuron_mesh_reduce", _MESH_REDUCE, ("torch",)),
+        Helper("neuron_init_mesh", _MESH, ("torch",)),
+    )
+}
+
+# the names a helper's source defines at module level (to find them again in a migrated file)
+DEFINES = {"neuron_init_mesh": ("NEURON_MESH", "neuron_init_mesh", "neuron_mesh")}
+
+
+def closure(names: set[str]) -> list[str]:
+    """The helpers needed, dependencies first, in a stable order."""
+    out: list[str] = []
+
+    def add(n: str) -> None:
+        if n in out:
+            return
+        for d in HELPERS[n].needs:
+            add(d)
+        out.append(n)
+
+    for n in sorted(names, key=list(HELPERS).index):
+        add(n)
+    return out
+
+
+def source(name: str, device: str, backend: str) -> str:
+    text = HELPERS[name].source
+    if name == "neuron_init_mesh":
+        text = text.replace("{backend!r}", repr(backend)).replace("{device!r}", repr(device))
+    return text.strip("\n") + "\n"

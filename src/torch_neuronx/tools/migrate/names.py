@@ -1,0 +1,182 @@
+"""What each imported name means, and where the migrated families are referenced.
+
+``import torch_xla.core.xla_model as xm`` binds ``xm`` to ``torch_xla.core.xla_model``; ``xm.optimizer_step``
+then resolves to ``torch_xla.core.xla_model.optimizer_step`` whatever the alias. Scopes are not modelled: an
+import anywhere in the file binds its name for the whole file (training scripts rarely shadow these names), and
+names bound in one notebook cell are seen in the next.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.metadata import PositionProvider
+
+# The code a migration removes. `torch_neuronx` is this package's (and TorchNeuron's) own name: only its XLA-era
+# entry points (custom ops, inference tracing) are references to migrate.
+FAMILIES = ("torch_xla", "optimum.neuron", "neuronx_distributed", "torch_neuronx.xla_impl", "torch_neuronx.trace",
+            "torch_neuronx.xla", "torch_neuronx.DataParallel", "torch_neuronx.analyze")
+
+
+def in_family(qualname: str | None) -> bool:
+    return qualname is not None and any(qualname == f or qualname.startswith(f + ".") for f in FAMILIES)
+
+
+def dotted(node: cst.BaseExpression) -> str | None:
+    """``a.b.c`` for a chain of names and attributes, else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        head = dotted(node.value)
+        return None if head is None else f"{head}.{node.attr.value}"
+    return None
+
+
+def module_name(node: cst.BaseExpression) -> str:
+    name = dotted(node)
+    assert name is not None
+    return name
+
+
+@dataclass
+class Aliases:
+    """local name -> the fully qualified name it is bound to by an import."""
+
+    names: dict[str, str] = field(default_factory=dict)
+    star_imports: list[str] = field(default_factory=list)
+
+    def add_module(self, module: cst.Module) -> None:
+        module.visit(_ImportCollector(self))
+
+    def add_ast(self, tree: ast.AST) -> None:
+        """The same from Python's own parse tree (C speed: a file is parsed by `ast` first anyway)."""
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.asname:
+                        self.names[a.asname] = a.name
+                    else:
+                        root = a.name.split(".")[0]
+                        self.names[root] = root
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for a in node.names:
+                    if a.name == "*":
+                        self.star_imports.append(node.module)
+                    else:
+                        self.names[a.asname or a.name] = f"{node.module}.{a.name}"
+
+    def qualname(self, node: cst.BaseExpression) -> str | None:
+        """The fully qualified name of a chain rooted at an imported name (None otherwise)."""
+        if isinstance(node, cst.Name):
+            return self.names.get(node.value)
+        if isinstance(node, cst.Attribute):
+            head = self.qualname(node.value)
+            return None if head is None else f"{head}.{node.attr.value}"
+        return None
+
+
+class _ImportCollector(cst.CSTVisitor):
+    def __init__(self, aliases: Aliases) -> None:
+        self.aliases = aliases
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        for a in node.names:
+            full = module_name(a.name)
+            if a.asname is not None and isinstance(a.asname.name, cst.Name):
+                self.aliases.names[a.asname.name.value] = full
+            else:
+                root = full.split(".")[0]
+                self.aliases.names[root] = root
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        if node.relative or node.module is None:
+            return False
+        mod = module_name(node.module)
+        if isinstance(node.names, cst.ImportStar):
+            self.aliases.star_imports.append(mod)
+            return False
+        for a in node.names:
+            name = module_name(a.name)
+            local = a.asname.name.value if a.asname is not None and isinstance(a.asname.name, cst.Name) else name
+            self.aliases.names[local] = f"{mod}.{name}"
+        return False
+
+
+@dataclass
+class Ref:
+    """One reference to a migrated family outside an import: the longest name chain, its line, its statement."""
+
+    node: cst.BaseExpression
+    qualname: str
+    line: int
+    statement: cst.CSTNode
+
+
+class RefTracking:
+    """Finds every family reference (maximal chains only) and the innermost statement holding it, while a
+    visitor or transformer walks the tree (one walk does both jobs). Needs PositionProvider metadata."""
+
+    aliases: Aliases
+
+    def _init_tracking(self, aliases: Aliases) -> None:
+        self.aliases = aliases
+        self.refs: dict[int, Ref] = {}
+        self.refs_by_stmt: dict[int, list[Ref]] = {}
+        self._stmts: list[cst.CSTNode] = []
+        self.import_lines: dict[str, int] = {}  # an import's code -> its line
+        self._not_refs: set[int] = set()  # names that are not references: attributes' names, keywords
+
+    def _line_of(self, node: cst.CSTNode) -> int:
+        return self.get_metadata(PositionProvider, node).start.line  # type: ignore[attr-defined]
+
+    def track_visit(self, node: cst.CSTNode) -> bool | None:
+        """False: do not descend (an import, a name); None: carry on."""
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            self._stmts.append(node)
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            code = cst.Module(body=[]).code_for_node(node).strip()
+            self.import_lines.setdefault(code, self._line_of(node))
+            return False
+        if isinstance(node, cst.Attribute):
+            self._not_refs.add(id(node.attr))
+        elif isinstance(node, cst.Arg) and node.keyword is not None:
+            self._not_refs.add(id(node.keyword))
+        elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            self._not_refs.add(id(node.name))
+        if isinstance(node, (cst.Name, cst.Attribute)) and id(node) not in self._not_refs:
+            qn = self.aliases.qualname(node)
+            if in_family(qn) and self._stmts:
+                assert qn is not None
+                ref = Ref(node, qn, self._line_of(node), self._stmts[-1])
+                self.refs[id(node)] = ref
+                self.refs_by_stmt.setdefault(id(ref.statement), []).append(ref)
+                return False
+            if isinstance(node, cst.Name):
+                return False
+        return None
+
+    def track_leave(self, node: cst.CSTNode) -> None:
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            self._stmts.pop()
+
+
+class RefIndex(RefTracking, cst.CSTVisitor):
+    """The references of a whole module, as a visitor (the tests check migrated code with it)."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, aliases: Aliases) -> None:
+        super().__init__()
+        self._init_tracking(aliases)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.track_visit(node) is False:
+            return False
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.track_leave(original_node)
+        super().on_leave(original_node)

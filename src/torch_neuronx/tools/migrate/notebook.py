@@ -1,0 +1,155 @@
+"""Jupyter notebooks: the code cells are migrated, everything else (markdown, outputs, metadata) is kept.
+
+IPython lines (``!cmd``, ``%magic``) are set aside before parsing and put back after; ``!`` commands and
+``%%bash`` / ``%%sh`` cells go through the shell launcher rules. Names imported in one cell are known in the
+next (cells run in order). The helpers a notebook needs are defined once, in the first code cell that uses one.
+A cell that does not parse is flagged and left as it was: the notebook is still migrated.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import libcst as cst
+
+from torch_neuronx.tools.migrate import helpers as helpermod
+from torch_neuronx.tools.migrate.names import Aliases
+from torch_neuronx.tools.migrate.python import NEURON, Target, add_imports, insert_helpers, migrate_module
+from torch_neuronx.tools.migrate.report import Flag, Rewrite
+from torch_neuronx.tools.migrate.shell import migrate_shell
+
+_MAGIC = re.compile(r"^(\s*)([!%].*)$")
+_MARK = "pass  # torch-neuronx-migrate-magic-{}"
+_SHELL_CELL = re.compile(r"^\s*%%(bash|sh|script\s+(ba)?sh)\b")
+
+
+@dataclass
+class NotebookResult:
+    code: str
+    rewrites: list[Rewrite] = field(default_factory=list)
+    flags: list[Flag] = field(default_factory=list)
+    spawn: bool = False
+
+
+def _source(cell: dict[str, Any]) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else str(src)
+
+
+def _set_source(cell: dict[str, Any], text: str) -> None:
+    cell["source"] = text.splitlines(keepends=True) if isinstance(cell.get("source"), list) else text
+
+
+def self_shell(indent: str, magic: str, spawn_scripts: set[str] | None, cell: int, line: int,
+               res: NotebookResult) -> str | None:
+    """`!cmd` and `%env NAME=VALUE` lines through the launcher rules; None when there is nothing to do."""
+    if magic.startswith("!"):
+        prefix, cmd = "!", magic[1:]
+    elif re.match(r"%env\s+\w+=", magic):
+        prefix, cmd = "%env ", "export " + magic[len("%env"):].strip()
+    else:
+        return None
+    sh = migrate_shell(cmd + "\n", spawn_scripts, cell=cell, line_offset=line)
+    res.rewrites += sh.rewrites
+    res.flags += sh.flags
+    out = []
+    for s in sh.code.splitlines(keepends=True):
+        body = s.strip()
+        if body.startswith("# export ") and prefix == "%env ":
+            out.append(indent + "# %env " + body[len("# export "):] + "\n")
+        elif body.startswith("#"):
+            out.append(indent + body + "\n")
+        elif prefix == "%env ":
+            out.append(indent + "%env " + body.removeprefix("export ").strip() + "\n")
+        else:
+            out.append(indent + "!" + body + "\n")
+    return "".join(out)
+
+
+def migrate_notebook(text: str, target: Target = NEURON, spawn_scripts: set[str] | None = None) -> NotebookResult:
+    """Raises ValueError for a file that is not a notebook."""
+    try:
+        nb = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not a notebook: invalid JSON at line {e.lineno}: {e.msg}") from e
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise ValueError("not a notebook: no 'cells' list")
+    res = NotebookResult("")
+    parsed: dict[int, tuple[cst.Module, dict[int, str]]] = {}
+    trees: dict[int, ast.AST] = {}
+    aliases = Aliases()
+    for i, cell in enumerate(nb["cells"]):
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        src = _source(cell)
+        if _SHELL_CELL.match(src):
+            first, _, rest = src.partition("\n")
+            sh = migrate_shell(rest, spawn_scripts, cell=i, line_offset=1)
+            res.rewrites += sh.rewrites
+            res.flags += sh.flags
+            if sh.code != rest:
+                _set_source(cell, first + "\n" + sh.code)
+            continue
+        magics: dict[int, str] = {}
+        lines = src.splitlines(keepends=True)
+        for n, line in enumerate(lines):
+            m = _MAGIC.match(line.rstrip("\n"))
+            if m:
+                magics[n] = line
+                lines[n] = m.group(1) + _MARK.format(n) + ("\n" if line.endswith("\n") else "")
+        try:
+            tree = ast.parse("".join(lines))
+            module = cst.parse_module("".join(lines))
+        except (SyntaxError, cst.ParserSyntaxError, MemoryError, RecursionError) as e:
+            line = getattr(e, "lineno", None) or getattr(e, "raw_line", 0)
+            msg = getattr(e, "msg", None) or getattr(e, "message", None) or type(e).__name__
+            res.flags.append(Flag(line=line, rule="cell-syntax", reason=f"the cell does not parse: {msg}",
+                                  suggestion="fix the cell, then migrate again; it was left as it was.", cell=i))
+            continue
+        aliases.add_ast(tree)
+        parsed[i] = (module, magics)
+        trees[i] = tree
+    helper_names: set[str] = set()
+    first_helper_cell = None
+    migrated: dict[int, cst.Module] = {}
+    for i, (module, _) in parsed.items():
+        new, ctx = migrate_module(module, aliases, target, cell=i, with_helpers=False, tree=trees[i])
+        res.rewrites += ctx.rewrites
+        res.flags += ctx.flags
+        res.spawn = res.spawn or bool(ctx.state.get("spawn"))
+        if ctx.helpers and first_helper_cell is None:
+            first_helper_cell = i
+        helper_names |= ctx.helpers
+        migrated[i] = new
+    if first_helper_cell is not None:
+        names = helpermod.closure(helper_names)
+        mod = insert_helpers(migrated[first_helper_cell], names, target)
+        needed = {(m, None) for n in names for m in helpermod.HELPERS[n].imports}
+        migrated[first_helper_cell] = add_imports(mod, needed, aliases)
+    for i, new in migrated.items():
+        cell = nb["cells"][i]
+        code = new.code
+        magics = parsed[i][1]
+        if magics:
+            out = []
+            for line in code.splitlines(keepends=True):
+                m = re.search(r"torch-neuronx-migrate-magic-(\d+)", line)
+                if m and int(m.group(1)) in magics:
+                    magic = magics[int(m.group(1))]
+                    mm = _MAGIC.match(magic.rstrip("\n"))
+                    if mm:
+                        magic = self_shell(mm.group(1), mm.group(2), spawn_scripts, i, int(m.group(1)), res) or magic
+                        if not magic.endswith("\n") and line.endswith("\n"):
+                            magic += "\n"
+                    out.append(magic)
+                else:
+                    out.append(line)
+            code = "".join(out)
+        if code != _source(cell):
+            _set_source(cell, code)
+    res.code = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+    return res

@@ -1,0 +1,870 @@
+"""The codemod driver for Python source: find the references, apply the family rules, flag what is left.
+
+Three passes over one libcst tree:
+
+1. ``names.RefIndex``: every reference to a migrated family (longest name chain), its line and statement;
+2. ``Migrator``: rules rewrite calls and names (expression level), or whole statements (a removed
+   ``xm.mark_step()``, an ``xm.optimizer_step`` that becomes two statements); every reference no rule consumed
+   is flagged, with a TODO comment above its statement;
+3. ``Cleanup``: imports of the families go when nothing unflagged needs them, removed statements leave their
+   comments behind, empty blocks get ``pass``; then needed imports and the inlined helpers are added.
+
+Rules live in ``rules_xla``, ``rules_optimum`` and ``rules_nxd``; each gets a ``Ctx`` to build code, ask for
+imports and helpers, and flag.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+import textwrap
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from torch_neuronx.tools.migrate import flags as flagmod
+from torch_neuronx.tools.migrate import helpers as helpermod
+from torch_neuronx.tools.migrate.names import Aliases, Ref, RefTracking, dotted, in_family, module_name
+from torch_neuronx.tools.migrate.report import Flag, Rewrite
+
+TODO = "# TODO(torch-neuronx migrate):"
+REMOVED = "__torch_neuronx_migrate_removed__"
+_EMPTY = cst.Module(body=[])
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the migration writes: the neuron device (the migration) or the CPU (its reference twin)."""
+
+    device: str = "neuron"
+    backend: str = "neuron"
+
+    @property
+    def synchronize(self) -> str:
+        return "torch.neuron.synchronize()" if self.device == "neuron" else "torch.cpu.synchronize()"
+
+
+NEURON = Target()
+CPU = Target("cpu", "gloo")
+
+Expr = cst.BaseExpression
+Stmt = cst.BaseStatement
+ExprRule = Callable[["Ctx", cst.Call, str], Expr | None]
+StmtRule = Callable[["Ctx", cst.Call, str], list[Stmt] | None]
+
+
+@dataclass
+class Rules:
+    """The rules of one family: calls rewritten as expressions, calls rewritten as statements, names renamed."""
+
+    calls: dict[str, ExprRule] = field(default_factory=dict)
+    statements: dict[str, StmtRule] = field(default_factory=dict)
+    renames: dict[str, Callable[[Ctx], Expr]] = field(default_factory=dict)
+    # hooks on every call (family or not): (ctx, original, updated) -> replacement or None
+    call_hooks: list[Callable[[Ctx, cst.Call, cst.Call], Expr | None]] = field(default_factory=list)
+    # hooks run on each statement line after the calls in it were rewritten: -> statements to add after it
+    after_statement: list[Callable[[Ctx, cst.SimpleStatementLine, cst.SimpleStatementLine], list[Stmt]]] = field(
+        default_factory=list)
+    # calls whose qualified name matches a predicate (a family's classes' `from_pretrained`, ...)
+    call_matchers: list[tuple[Callable[[str], bool], ExprRule]] = field(default_factory=list)
+    # attributes of non-family values (`args.trn_config`): (ctx, attribute) -> replacement or None
+    attr_hooks: list[Callable[[Ctx, cst.Attribute], Expr | None]] = field(default_factory=list)
+    # run once on the parsed module before the rewrite (to learn what is defined and used where)
+    prepare: list[Callable[[Ctx, cst.Module], None]] = field(default_factory=list)
+
+    def merge(self, other: Rules) -> None:
+        self.calls.update(other.calls)
+        self.statements.update(other.statements)
+        self.renames.update(other.renames)
+        self.call_hooks += other.call_hooks
+        self.after_statement += other.after_statement
+        self.call_matchers += other.call_matchers
+        self.attr_hooks += other.attr_hooks
+        self.prepare += other.prepare
+
+    def call_rule(self, qualname: str) -> ExprRule | None:
+        rule = self.calls.get(qualname)
+        if rule is None:
+            rule = next((r for match, r in self.call_matchers if match(qualname)), None)
+        return rule
+
+
+def all_rules() -> Rules:
+    from torch_neuronx.tools.migrate import rules_nxd, rules_optimum, rules_xla
+
+    rules = Rules()
+    for fam in (rules_xla, rules_optimum, rules_nxd):
+        rules.merge(fam.RULES)
+    return rules
+
+
+class Ctx:
+    """What a rule can use: the target, code building, imports, helpers, flags and per-file state."""
+
+    def __init__(self, target: Target, aliases: Aliases, cell: int | None = None) -> None:
+        self.target = target
+        self.aliases = aliases
+        self.cell = cell
+        self.imports: set[tuple[str, str | None]] = set()
+        self.helpers: set[str] = set()
+        self.rewrites: list[Rewrite] = []
+        self.flags: list[Flag] = []
+        self.state: dict[str, Any] = {}
+        self._pending: list[tuple[flagmod.FlagRule, str]] = []  # flags raised inside the current statement
+        self._warnings: list[str] = []
+        self.line = 0  # the line of the node being rewritten
+        self.classes: list[str] = []  # the classes the node being rewritten is in
+        self.assign_target: str | None = None  # `x` of the `x = ...` being rewritten
+
+    # code
+    @staticmethod
+    def code(node: cst.CSTNode) -> str:
+        return _EMPTY.code_for_node(node)
+
+    @staticmethod
+    def expr(code: str) -> Expr:
+        return _parse_expr(code)
+
+    @staticmethod
+    def stmt(code: str) -> Stmt:
+        return _parse_stmt(textwrap.dedent(code))
+
+    def qualname(self, node: cst.BaseExpression) -> str | None:
+        return self.aliases.qualname(node)
+
+    # what the rewritten code needs
+    def need(self, module: str, obj: str | None = None) -> None:
+        self.imports.add((module, obj))
+
+    def helper(self, name: str) -> str:
+        for h in helpermod.closure({name}):
+            self.helpers.add(h)
+            for m in helpermod.HELPERS[h].imports:
+                self.need(m)
+        return name
+
+    # reporting
+    def flag(self, rule: flagmod.FlagRule, code: str = "") -> None:
+        self._pending.append((rule, code))
+
+    def warn(self, message: str) -> None:
+        self._warnings.append(message)
+
+    def device_str(self, quote: str = '"') -> str:
+        return f"{quote}{self.target.device}{quote}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_expr(code: str) -> Expr:  # libcst nodes are immutable: one parse serves every use
+    return cst.parse_expression(code)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_stmt(code: str) -> Stmt:
+    return cst.parse_statement(code)
+
+
+def split_args(call: cst.Call) -> tuple[list[cst.Arg], dict[str, cst.Arg]] | None:
+    """Positional and keyword arguments; None when there is a *args or **kwargs (no static mapping)."""
+    pos: list[cst.Arg] = []
+    kw: dict[str, cst.Arg] = {}
+    for a in call.args:
+        if a.star:
+            return None
+        if a.keyword is not None:
+            kw[a.keyword.value] = a
+        else:
+            pos.append(a)
+    return pos, kw
+
+
+def arg(call: cst.Call, index: int, name: str) -> cst.BaseExpression | None:
+    """The argument at `index` or keyword `name`."""
+    split = split_args(call)
+    if split is None:
+        return None
+    pos, kw = split
+    if name in kw:
+        return kw[name].value
+    return pos[index].value if index < len(pos) else None
+
+
+def strip_arg(a: cst.Arg, last: bool) -> cst.Arg:
+    return a.with_changes(comma=cst.MaybeSentinel.DEFAULT) if last else a
+
+
+def is_xla_string(node: cst.CSTNode) -> bool:
+    if not isinstance(node, cst.SimpleString):
+        return False
+    try:
+        value = node.evaluated_value
+    except Exception:
+        return False
+    return isinstance(value, str) and re.fullmatch(r"xla(:\d+)?", value) is not None
+
+
+def _todo_lines(rule: flagmod.FlagRule) -> list[str]:
+    text = f"{TODO} {rule.reason} Native: {rule.suggestion}"
+    lines = textwrap.wrap(text, 110, subsequent_indent="#   ", break_on_hyphens=False)
+    return lines
+
+
+def _with_todos(node: Stmt, rules: Sequence[flagmod.FlagRule]) -> Stmt:
+    if not rules or not hasattr(node, "leading_lines"):
+        return node
+    existing = {ln.comment.value for ln in node.leading_lines if ln.comment is not None}  # type: ignore[attr-defined]
+    new: list[cst.EmptyLine] = []
+    for rule in rules:
+        lines = _todo_lines(rule)
+        if lines[0] in existing:  # idempotent: a second migration adds no second TODO
+            continue
+        existing.add(lines[0])
+        new += [cst.EmptyLine(indent=True, comment=cst.Comment(c)) for c in lines]
+    if not new:
+        return node
+    return node.with_changes(leading_lines=[*node.leading_lines, *new])  # type: ignore[attr-defined]
+
+
+def _removed_marker(original: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+    return cst.SimpleStatementLine(body=[cst.Expr(cst.Name(REMOVED))], leading_lines=original.leading_lines)
+
+
+def _is_marker(node: cst.CSTNode) -> bool:
+    return (isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1
+            and isinstance(node.body[0], cst.Expr) and isinstance(node.body[0].value, cst.Name)
+            and node.body[0].value.value == REMOVED)
+
+
+class Migrator(RefTracking, cst.CSTTransformer):
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, ctx: Ctx, rules: Rules) -> None:
+        super().__init__()
+        self._init_tracking(ctx.aliases)
+        self.ctx = ctx
+        self.rules = rules
+        self.consumed: set[int] = set()
+        self._fstring_quotes: list[str] = []  # the quotes of the f-strings around the node being rewritten
+        self._stmt_calls: set[int] = set()
+        self._stmt_flags: list[list[tuple[flagmod.FlagRule, str, int]]] = []
+        self.leftovers: list[Ref] = []
+
+    def visit_FormattedString(self, node: cst.FormattedString) -> bool:
+        self._fstring_quotes.append(node.end)
+        return True
+
+    def leave_FormattedString(self, original_node: cst.FormattedString,
+                              updated_node: cst.FormattedString) -> cst.FormattedString:
+        self._fstring_quotes.pop()
+        return updated_node
+
+    def _fit(self, new: Any) -> Any:
+        """Inside an f-string, strings of the replacement must not use its quote (Python < 3.12)."""
+        if not self._fstring_quotes or not isinstance(new, cst.CSTNode):
+            return new
+        return new.visit(_Requote(set("".join(self._fstring_quotes))))
+
+    # helpers
+    def _line(self, node: cst.CSTNode) -> int:
+        try:
+            return self.get_metadata(PositionProvider, node).start.line
+        except KeyError:
+            return self.ctx.line
+
+    def _record(self, rule: str, original: cst.CSTNode, new: cst.CSTNode | Sequence[cst.CSTNode] | None) -> None:
+        after = "" if new is None else (
+            "\n".join(self.ctx.code(n).strip() for n in new) if isinstance(new, Sequence) else self.ctx.code(new))
+        warning = "; ".join(self.ctx._warnings)
+        self.ctx._warnings.clear()
+        self.ctx.rewrites.append(Rewrite(line=self._line(original), rule=rule, before=self.ctx.code(original).strip(),
+                                         after=after.strip(), warning=warning, cell=self.ctx.cell))
+
+    def _collect_flags(self, line: int) -> None:
+        for rule, code in self.ctx._pending:
+            if self._stmt_flags:
+                self._stmt_flags[-1].append((rule, code, line))
+        self.ctx._pending.clear()
+
+    # statements: open a flag list; on leave, flag leftovers and add TODOs
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            self._stmt_flags.append([])
+            self.ctx.line = self._line(node)
+        if isinstance(node, (cst.SimpleStatementLine, cst.SimpleStatementSuite)) and len(node.body) == 1:
+            small = node.body[0]
+            if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+                qn = self.aliases.qualname(small.value.func)
+                if in_family(qn) and qn in self.rules.statements:
+                    self._stmt_calls.add(id(small.value))
+        if self.track_visit(node) is False:
+            return False
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: Any) -> Any:
+        result = super().on_leave(original_node, updated_node)
+        if isinstance(original_node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            result = self._finish_statement(original_node, result)
+        self.track_leave(original_node)
+        return result
+
+    def _finish_statement(self, original: cst.CSTNode, result: Any) -> Any:
+        flags = self._stmt_flags.pop()
+        for ref in self.refs_by_stmt.get(id(original), []):
+            if id(ref.node) not in self.consumed:
+                self.leftovers.append(ref)
+                flags.append((flagmod.for_qualname(ref.qualname), ref.qualname, ref.line))
+        if not flags:
+            return result
+        for rule, code, line in flags:
+            self.ctx.flags.append(Flag(line=line, rule=rule.rule, reason=rule.reason, suggestion=rule.suggestion,
+                                       code=code, cell=self.ctx.cell))
+        rules = [r for r, _, _ in flags]
+        if isinstance(result, cst.FlattenSentinel):
+            nodes = list(result.nodes)
+            return cst.FlattenSentinel([_with_todos(nodes[0], rules), *nodes[1:]])
+        if isinstance(result, cst.RemovalSentinel):
+            return result
+        return _with_todos(result, rules)
+
+    # statement-level rules
+    def _expand(self, small: cst.BaseSmallStatement, statement: cst.CSTNode) -> list[Stmt] | Expr | None:
+        """The statement rule's statements; or, when the call's arguments keep a flagged reference, the expression
+        rule's expression (a statement split into a block would move the reference away from its TODO)."""
+        if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
+            return None
+        call = small.value
+        original_call = self._original_stmt_call
+        if original_call is None:
+            return None
+        ref = self.refs[id(original_call.func)]
+        inner_left = any(id(r.node) not in self.consumed and r.node is not original_call.func
+                         for r in self.refs_by_stmt.get(id(statement), [])) or bool(self._stmt_flags[-1])
+        if inner_left:
+            rule = self.rules.call_rule(ref.qualname)
+            expr = rule(self.ctx, call, ref.qualname) if rule is not None else None
+            self._collect_flags(ref.line)
+            if expr is not None:
+                self.consumed.add(id(original_call.func))
+            return expr
+        out = self.rules.statements[ref.qualname](self.ctx, call, ref.qualname)
+        self._collect_flags(ref.line)
+        if out is None:
+            return None
+        self.consumed.add(id(original_call.func))
+        return out
+
+    _original_stmt_call: cst.Call | None = None
+
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine,
+                                  updated_node: cst.SimpleStatementLine) -> Any:
+        extra: list[Stmt] = []
+        for hook in self.rules.after_statement:
+            extra += hook(self.ctx, original_node, updated_node)
+        self._collect_flags(self._line(original_node))
+        small = original_node.body[0]
+        if len(original_node.body) == 1 and isinstance(small, cst.Expr) and id(small.value) in self._stmt_calls:
+            self._original_stmt_call = small.value  # type: ignore[assignment]
+            out = self._expand(updated_node.body[0], original_node)
+            self._original_stmt_call = None
+            if isinstance(out, cst.BaseExpression):
+                self._record(self.refs[id(small.value.func)].qualname.rsplit(".", 1)[-1],  # type: ignore
+                             small.value, out)
+                new_line = updated_node.with_changes(body=[updated_node.body[0].with_changes(value=out)])
+                return cst.FlattenSentinel([new_line, *extra]) if extra else new_line
+            if out is not None:
+                self._record(self.refs[id(small.value.func)].qualname.rsplit(".", 1)[-1],  # type: ignore
+                             original_node, out)
+                if not out:
+                    return _removed_marker(original_node)
+                first = out[0].with_changes(leading_lines=original_node.leading_lines)  # type: ignore[attr-defined]
+                if isinstance(first, cst.SimpleStatementLine) and len(out) == 1 and not extra:
+                    first = first.with_changes(trailing_whitespace=updated_node.trailing_whitespace)
+                return cst.FlattenSentinel([first, *out[1:], *extra])
+        if extra:
+            self._record("plan", original_node, extra)
+            return cst.FlattenSentinel([updated_node, *extra])
+        return updated_node
+
+    def leave_SimpleStatementSuite(self, original_node: cst.SimpleStatementSuite,
+                                   updated_node: cst.SimpleStatementSuite) -> Any:
+        small = original_node.body[0]
+        if len(original_node.body) == 1 and isinstance(small, cst.Expr) and id(small.value) in self._stmt_calls:
+            self._original_stmt_call = small.value  # type: ignore[assignment]
+            out = self._expand(updated_node.body[0], self._stmts[-1] if self._stmts else original_node)
+            self._original_stmt_call = None
+            if isinstance(out, cst.BaseExpression):
+                self._record(self.refs[id(small.value.func)].qualname.rsplit(".", 1)[-1],  # type: ignore
+                             small.value, out)
+                return updated_node.with_changes(body=[updated_node.body[0].with_changes(value=out)])
+            if out is not None:
+                self._record(self.refs[id(small.value.func)].qualname.rsplit(".", 1)[-1],  # type: ignore
+                             original_node, out)
+                if not out:
+                    return updated_node.with_changes(body=[cst.Pass()])
+                if len(out) == 1 and isinstance(out[0], cst.SimpleStatementLine):
+                    return updated_node.with_changes(body=out[0].body)
+                return cst.IndentedBlock(header=updated_node.trailing_whitespace, body=out)
+        return updated_node
+
+    # expression-level rules
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> Expr:
+        ref = self.refs.get(id(original_node.func))
+        if ref is None:  # not a family call: hooks (the 'xla' device string, ParallelLoader(...).per_device_loader)
+            for hook in self.rules.call_hooks:
+                new = hook(self.ctx, original_node, updated_node)
+                self._collect_flags(self._line(original_node))
+                if new is not None:
+                    self.consumed.update(self._refs_within(original_node.func))
+                    new = self._fit(new)
+                    self._record(getattr(hook, "rule_name", hook.__name__.strip("_")), original_node, new)
+                    return new
+            return updated_node
+        if id(original_node) in self._stmt_calls:
+            return updated_node
+        rule = self.rules.call_rule(ref.qualname)
+        if rule is None:
+            return updated_node
+        self.ctx.line = ref.line
+        new = rule(self.ctx, updated_node, ref.qualname)
+        self._collect_flags(ref.line)
+        if new is None:
+            return updated_node
+        self.consumed.add(id(original_node.func))
+        new = self._fit(new)
+        self._record(ref.qualname.rsplit(".", 1)[-1], original_node, new)
+        return new
+
+    def _refs_within(self, node: cst.CSTNode) -> list[int]:
+        found: list[int] = []
+
+        class _V(cst.CSTVisitor):
+            def on_visit(_self, n: cst.CSTNode) -> bool:  # noqa: N805
+                if id(n) in self.refs:
+                    found.append(id(n))
+                    return False
+                return True
+
+        node.visit(_V())
+        return found
+
+    def _rename(self, original: cst.CSTNode, updated: Expr) -> Expr:
+        ref = self.refs.get(id(original))
+        if ref is None:
+            return updated
+        make = self.rules.renames.get(ref.qualname)
+        if make is None:
+            return updated
+        new = self._fit(make(self.ctx))
+        self.consumed.add(id(original))
+        self._record(ref.qualname.rsplit(".", 1)[-1], original, new)
+        return new.with_changes(lpar=updated.lpar, rpar=updated.rpar) if hasattr(updated, "lpar") else new
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> Expr:
+        return self._rename(original_node, updated_node)
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> Expr:
+        if id(original_node) not in self.refs:
+            for hook in self.rules.attr_hooks:
+                new = hook(self.ctx, updated_node)
+                self._collect_flags(self._line(original_node))
+                if new is not None:
+                    new = self._fit(new)
+                    self._record(original_node.attr.value, original_node, new)
+                    return new
+        return self._rename(original_node, updated_node)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self.ctx.classes.append(node.name.value)
+        return True
+
+    def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
+        self.ctx.classes.pop()
+        return updated_node
+
+    def visit_Assign(self, node: cst.Assign) -> bool:
+        if len(node.targets) == 1:
+            self.ctx.assign_target = self.ctx.code(node.targets[0].target).strip()
+        return True
+
+    # strings that configure XLA from Python
+    def leave_SimpleString(self, original_node: cst.SimpleString, updated_node: cst.SimpleString) -> Expr:
+        value = original_node.value
+        if "XLA_USE_BF16" in value or "XLA_DOWNCAST_BF16" in value:
+            self.ctx.flag(flagmod.BF16, value)
+        elif "NEURON_CC_FLAGS" in value:
+            self.ctx.flag(flagmod.CC_FLAGS, value)
+        elif "PJRT_DEVICE" in value or re.search(r"\bXLA_[A-Z_]+", value):
+            self.ctx.flag(flagmod.XLA_ENV, value)
+        self._collect_flags(self._line(original_node))
+        return updated_node
+
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        self.ctx.assign_target = None
+        # device = 'xla'
+        if (len(updated_node.targets) == 1 and isinstance(updated_node.targets[0].target, cst.Name)
+                and "dev" in updated_node.targets[0].target.value.lower() and is_xla_string(updated_node.value)):
+            quote = updated_node.value.quote  # type: ignore[attr-defined]
+            new = updated_node.with_changes(value=cst.SimpleString(self.ctx.device_str(quote)))
+            self._record("xla-device-string", original_node, new)
+            return new
+        return updated_node
+
+
+class _Requote(cst.CSTTransformer):
+    """Give plain string literals a quote the enclosing f-strings do not use."""
+
+    def __init__(self, taken: set[str]) -> None:
+        super().__init__()
+        self.quote = next((q for q in ("'", '"') if q not in taken), None)
+
+    def leave_SimpleString(self, original_node: cst.SimpleString, updated_node: cst.SimpleString) -> Any:
+        if self.quote is None or len(updated_node.quote) != 1 or updated_node.quote == self.quote:
+            return updated_node
+        body = updated_node.raw_value
+        if self.quote in body or "\\" in body:
+            return updated_node
+        return updated_node.with_changes(value=f"{updated_node.prefix}{self.quote}{body}{self.quote}")
+
+
+class Cleanup(cst.CSTTransformer):
+    """Drop family imports nothing unflagged needs; drop removal markers keeping their comments; no empty body."""
+
+    def __init__(self, ctx: Ctx, still_used: set[str], rules: Rules, import_lines: dict[str, int]) -> None:
+        super().__init__()
+        self.import_lines = import_lines
+        self.ctx = ctx
+        self.still_used = still_used
+        self.rules = rules
+        self.removed_imports: list[str] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        # statements and blocks only: nothing below a simple statement's line needs visiting (the speed of it)
+        if isinstance(node, (cst.BaseExpression, cst.BaseSmallStatement)):
+            return False
+        return super().on_visit(node)
+
+    def _family_import(self, small: cst.BaseSmallStatement) -> cst.BaseSmallStatement | None | bool:
+        """False: not a family import; None: drop it all; else the import reduced to what is still used."""
+        if isinstance(small, cst.Import):
+            keep, fam = [], False
+            for a in small.names:
+                full = module_name(a.name)
+                if not in_family(full):
+                    keep.append(a)
+                    continue
+                fam = True
+                local = a.asname.name.value if a.asname and isinstance(a.asname.name, cst.Name) else full.split(".")[0]
+                if local in self.still_used:
+                    keep.append(a)
+            if not fam:
+                return False
+            if not keep:
+                return None
+            return small.with_changes(names=[strip_arg(a, i == len(keep) - 1) for i, a in enumerate(keep)])  # type: ignore
+        if isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+            mod = module_name(small.module)
+            if not in_family(mod):
+                return False
+            if isinstance(small.names, cst.ImportStar):
+                return small
+            keep = []
+            for a in small.names:
+                local = a.asname.name.value if a.asname and isinstance(a.asname.name, cst.Name) else module_name(a.name)
+                if local in self.still_used:
+                    keep.append(a)
+            if not keep:
+                return None
+            names = [strip_arg(a, i == len(keep) - 1) for i, a in enumerate(keep)]  # type: ignore[arg-type]
+            return small.with_changes(names=names, rpar=small.rpar if len(keep) > 1 else None,
+                                      lpar=small.lpar if len(keep) > 1 else None)
+        return False
+
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine,
+                                  updated_node: cst.SimpleStatementLine) -> Any:
+        body: list[cst.BaseSmallStatement] = []
+        changed = False
+        kept_family = False
+        for small in updated_node.body:
+            res = self._family_import(small)
+            if res is False:
+                body.append(small)
+                continue
+            if res is None:
+                changed = True
+                self.removed_imports.append(self.ctx.code(small).strip())
+                continue
+            if res is not small:
+                changed = True
+            kept_family = True
+            body.append(res)  # type: ignore[arg-type]
+        if not changed and not kept_family:
+            return updated_node
+        if not body:
+            return _removed_marker(updated_node)
+        new = updated_node.with_changes(body=[s.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+                                              if i == len(body) - 1 else s for i, s in enumerate(body)])
+        if kept_family:
+            rule = flagmod.FlagRule("import-kept", "Import kept: the flagged code of this file still uses it.",
+                                    "remove it once the flagged lines are migrated.")
+            if not any(f.rule == "import-kept" and f.code == self.ctx.code(new).strip() for f in self.ctx.flags):
+                self.ctx.flags.append(Flag(line=self.import_lines.get(self.ctx.code(original_node.body[0]).strip(), 0),
+                                           rule=rule.rule, reason=rule.reason, suggestion=rule.suggestion,
+                                           code=self.ctx.code(new).strip(), cell=self.ctx.cell))
+            new = _with_todos(new, [rule])  # type: ignore[assignment]
+        return new
+
+    @staticmethod
+    def _squash(body: Sequence[Stmt], footer: Sequence[cst.EmptyLine]) -> tuple[list[Stmt], list[cst.EmptyLine]]:
+        out: list[Stmt] = []
+        carry: list[cst.EmptyLine] = []
+        for stmt in body:
+            if _is_marker(stmt):
+                carry += list(stmt.leading_lines)  # type: ignore[attr-defined]
+                continue
+            if carry:
+                stmt = stmt.with_changes(leading_lines=[*carry, *stmt.leading_lines])  # type: ignore[attr-defined]
+                carry = []
+            out.append(stmt)
+        return out, [*carry, *footer]
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> Any:
+        if not any(_is_marker(s) for s in updated_node.body):
+            return updated_node
+        body, footer = self._squash(updated_node.body, updated_node.footer)
+        comments = [ln for ln in footer if ln.comment is not None]
+        if not body:  # a block needs a statement: `pass`, with the removed lines' comments above it
+            body = [cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=comments)]
+            footer = [ln for ln in footer if ln.comment is None]
+        return updated_node.with_changes(body=body, footer=footer)
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        if not any(_is_marker(s) for s in updated_node.body):
+            return updated_node
+        body, footer = self._squash(updated_node.body, updated_node.footer)
+        return updated_node.with_changes(body=body, footer=footer)
+
+
+def _defined_names(module: cst.Module) -> set[str]:
+    names: set[str] = set()
+    for stmt in module.body:
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            names.add(stmt.name.value)
+        elif isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Assign):
+                    for t in small.targets:
+                        if isinstance(t.target, cst.Name):
+                            names.add(t.target.value)
+    return names
+
+
+def _is_import_line(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
+
+
+def insert_helpers(module: cst.Module, names: Sequence[str], target: Target) -> cst.Module:
+    """Add the helpers not yet defined, after the last top-level import."""
+    defined = _defined_names(module)
+    todo = [n for n in names if n not in defined]
+    if not todo:
+        return module
+    code = "\n\n".join(helpermod.source(n, target.device, target.backend) for n in todo)
+    stmts = list(cst.parse_module(code).body)
+    body = list(module.body)
+    last_import = max((i for i, s in enumerate(body) if _is_import_line(s)), default=-1)
+    blank = cst.EmptyLine()
+    at = last_import + 1
+    stmts[0] = stmts[0].with_changes(leading_lines=[blank, blank] if at else [])  # type: ignore[attr-defined]
+    if at < len(body):
+        nxt = body[at]
+        lead = list(nxt.leading_lines)  # type: ignore[attr-defined]
+        while lead and lead[0].comment is None:
+            lead.pop(0)
+        body[at] = nxt.with_changes(leading_lines=[blank, blank, *lead])  # type: ignore[attr-defined]
+    body[at:at] = stmts
+    return module.with_changes(body=body)
+
+
+def _bound(module: cst.Module) -> set[tuple[str, str | None]]:
+    """The (module, object) pairs the module's top-level imports already provide."""
+    have: set[tuple[str, str | None]] = set()
+    for stmt in module.body:
+        if not _is_import_line(stmt):
+            continue
+        for small in stmt.body:  # type: ignore[attr-defined]
+            if isinstance(small, cst.Import):
+                for a in small.names:
+                    if a.asname is None:
+                        full = module_name(a.name)
+                        parts = full.split(".")
+                        have.update((".".join(parts[: i + 1]), None) for i in range(len(parts)))
+            elif isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+                if not isinstance(small.names, cst.ImportStar):
+                    for a in small.names:
+                        if a.asname is None:
+                            have.add((module_name(small.module), module_name(a.name)))
+    return have
+
+
+def add_imports(module: cst.Module, imports: set[tuple[str, str | None]],
+                known: Aliases | None = None) -> cst.Module:
+    """Add `import X` / `from X import Y` lines not already there, after the top-level imports (or at the top,
+    after a docstring and `from __future__`). `known`: names bound elsewhere (earlier notebook cells)."""
+    have = _bound(module)
+    todo = []
+    for mod, obj in sorted(imports, key=lambda x: (x[0], x[1] or "")):
+        if (mod, obj) in have:
+            continue
+        if known is not None:
+            root = mod.split(".")[0]
+            if (obj is None and known.names.get(root) == root) or (obj and known.names.get(obj) == f"{mod}.{obj}"):
+                continue
+        todo.append(f"from {mod} import {obj}\n" if obj else f"import {mod}\n")
+    if not todo:
+        return module
+    new = list(cst.parse_module("".join(todo)).body)
+    body = list(module.body)
+    last_import = max((i for i, s in enumerate(body) if _is_import_line(s)), default=-1)
+    if last_import < 0:  # after the docstring, if any
+        last_import = 0 if body and isinstance(body[0], cst.SimpleStatementLine) and isinstance(
+            body[0].body[0], cst.Expr) and isinstance(body[0].body[0].value, (cst.SimpleString,
+                                                                               cst.ConcatenatedString)) else -1
+    body[last_import + 1:last_import + 1] = new
+    return module.with_changes(body=body)
+
+
+@dataclass
+class PyResult:
+    code: str
+    rewrites: list[Rewrite]
+    flags: list[Flag]
+    helpers: set[str]
+
+
+def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON, rules: Rules | None = None,
+                   cell: int | None = None, with_helpers: bool = True,
+                   tree: ast.AST | None = None, source: str | None = None) -> tuple[cst.Module, Ctx]:
+    """Run the three passes on a parsed module. `with_helpers=False` leaves the helpers to the caller
+    (a notebook inserts them once, in the first cell that needs one)."""
+    rules = rules or all_rules()
+    ctx = Ctx(target, aliases, cell)
+    module = _todos_to_first_statement(module)
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    ctx.state["called"] = _called_names_ast(tree) if tree is not None else _called_names(module)
+    for prep in rules.prepare:
+        prep(ctx, module)
+    migrator = Migrator(ctx, rules)
+    new = wrapper.visit(migrator)
+    still_used = {(dotted(r.node) or "").split(".")[0] for r in migrator.leftovers}
+    cleanup = Cleanup(ctx, still_used, rules, migrator.import_lines)
+    new = new.visit(cleanup)
+    for text in cleanup.removed_imports:
+        line = migrator.import_lines.get(text, 0)
+        ctx.rewrites.append(Rewrite(line=line, rule="import", before=text, after="", cell=cell))
+    for mod in aliases.star_imports:
+        if in_family(mod):
+            rule = flagmod.FlagRule("star-import", f"`from {mod} import *` hides which names are used.",
+                                    "import the names explicitly, then migrate again.")
+            ctx.flags.append(Flag(line=0, rule=rule.rule, reason=rule.reason, suggestion=rule.suggestion,
+                                  code=f"from {mod} import *", cell=cell))
+    if with_helpers and ctx.helpers:
+        new = insert_helpers(new, helpermod.closure(ctx.helpers), target)
+    new = add_imports(new, ctx.imports, aliases if cell is not None else None)
+    _open_todos(module, ctx, source)
+    ctx.rewrites.sort(key=lambda r: r.line)
+    ctx.flags.sort(key=lambda f: f.line)
+    return new, ctx
+
+
+def _called_names(module: cst.Module) -> set[str]:
+    """The last name of everything called in the module (`init_process_group`, a class instantiated)."""
+    called: set[str] = set()
+
+    class _V(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            name = dotted(node.func)
+            if name:
+                called.add(name.rsplit(".", 1)[-1])
+
+    module.visit(_V())
+    return called
+
+
+def _called_names_ast(tree: ast.AST) -> set[str]:
+    """`_called_names` from Python's parse tree (C speed)."""
+    called: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Name):
+                called.add(f.id)
+            elif isinstance(f, ast.Attribute):
+                called.add(f.attr)
+    return called
+
+
+def _todos_to_first_statement(module: cst.Module) -> cst.Module:
+    """libcst puts the comments above the first statement in the module's header: give a TODO block there back
+    to the statement it belongs to (the rendering is the same), so that a second migration sees it."""
+    header = list(module.header)
+    if not module.body:
+        return module
+    i = len(header)
+    while i > 0 and header[i - 1].comment is not None and header[i - 1].comment.value.startswith((TODO, "#   ")):
+        i -= 1
+    while i < len(header) and not header[i].comment.value.startswith(TODO):  # type: ignore[union-attr]
+        i += 1
+    if i == len(header):
+        return module
+    first = module.body[0]
+    moved = [*header[i:], *first.leading_lines]  # type: ignore[attr-defined]
+    return module.with_changes(header=header[:i], body=[first.with_changes(leading_lines=moved), *module.body[1:]])
+
+
+def _open_todos(module: cst.Module, ctx: Ctx, source: str | None = None) -> None:
+    """TODOs an earlier migration left (or a launcher line in a notebook) that this run did not raise again:
+    still open, so still flagged (the exit code of a second migration stays 1)."""
+    text = source if source is not None else module.code
+    if TODO not in text:
+        return
+    raised = {_todo_lines(flagmod.FlagRule(f.rule, f.reason, f.suggestion))[0] for f in ctx.flags}
+    for n, line in enumerate(text.splitlines(), 1):
+        text = line.strip()
+        if text.startswith(TODO) and text not in raised and not text.startswith(f"{TODO} Import kept"):
+            ctx.flags.append(Flag(line=n, rule="open-todo", reason=text[len(TODO):].strip(),
+                                  suggestion="see the TODO comment", code=text, cell=ctx.cell))
+
+
+_MARKERS = ("xla", "XLA", "optimum", "neuronx_distributed", "torch_neuronx", "PJRT", "NEURON_CC_FLAGS", TODO)
+
+
+def might_need_migration(code: str) -> bool:
+    """False when no migrated name, variable or TODO can be in the text: the file is left as it is, unparsed by
+    libcst (most files of a real tree)."""
+    return any(m in code for m in _MARKERS)
+
+
+def migrate_python(code: str, target: Target = NEURON, rules: Rules | None = None) -> PyResult:
+    """Migrate one Python source. Raises SyntaxError for code that does not parse.
+
+    Python's own parser goes first: it rejects what Python would (with the line), and its limits (nesting
+    depth) keep hostile input away from libcst's native parser, which can overflow its stack on them."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as e:
+        raise SyntaxError(e.msg, (e.filename, e.lineno, e.offset, e.text)) from None
+    except (MemoryError, RecursionError) as e:
+        raise SyntaxError(f"too deeply nested to parse ({type(e).__name__})", ("", 1, 0, "")) from None
+    if not might_need_migration(code):
+        return PyResult(code, [], [], set())
+    module = cst.parse_module(code)
+    aliases = Aliases()
+    aliases.add_ast(tree)
+    new, ctx = migrate_module(module, aliases, target, rules, tree=tree, source=code)
+    out = new.code
+    return PyResult(out, ctx.rewrites, ctx.flags, ctx.helpers)

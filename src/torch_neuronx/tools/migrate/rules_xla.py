@@ -1,0 +1,341 @@
+"""PyTorch/XLA -> native PyTorch on the neuron device.
+
+Semantics kept (torch_xla 2.x): ``xla_device()`` is the process's core (torchrun binds ``neuron:LOCAL_RANK`` at
+``init_process_group``); ``mark_step`` has nothing to do in eager mode; ``optimizer_step`` / ``reduce_gradients``
+all-reduce and average the gradients when more than one process runs; ``is_master_ordinal()`` is the *local*
+master by default, ``master_print`` prints on global rank 0; ``save`` moves to the CPU and writes on the master
+only; ``xmp.spawn(fn)`` becomes one torchrun worker calling ``fn(LOCAL_RANK, *args)``. Ordinals come from
+torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``), which also holds with no launcher (0, 0, 1) and
+before ``init_process_group``, as XLA's did.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from torch_neuronx.tools.migrate import flags as flagmod
+from torch_neuronx.tools.migrate.python import Ctx, Expr, Rules, Stmt, arg, is_xla_string, split_args
+
+XM = "torch_xla.core.xla_model"
+XR = "torch_xla.runtime"
+XMP = "torch_xla.distributed.xla_multiprocessing"
+PL = "torch_xla.distributed.parallel_loader"
+
+RULES = Rules()
+
+
+def _env_int(ctx: Ctx, var: str, default: str) -> str:
+    ctx.need("os")
+    return f'int(os.environ.get("{var}", "{default}"))'
+
+
+def _device(ctx: Ctx, call: cst.Call, qn: str) -> Expr:
+    ctx.need("torch")
+    if call.args:
+        ctx.warn("the device index is dropped: under torchrun each process's neuron device is its LOCAL_RANK core")
+    return ctx.expr(f"torch.device({ctx.device_str()})")
+
+
+for _qn in (f"{XM}.xla_device", "torch_xla.device"):
+    RULES.calls[_qn] = _device
+
+
+def _remove(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt]:
+    return []
+
+
+def _remove_value(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
+    return None  # used as a value: flagged
+
+
+for _qn in (f"{XM}.mark_step", "torch_xla.sync", f"{XM}.optimization_barrier_"):
+    RULES.statements[_qn] = _remove
+    RULES.calls[_qn] = _remove_value
+
+
+def _sync(ctx: Ctx, call: cst.Call, qn: str) -> Expr:
+    ctx.need("torch")
+    return ctx.expr(ctx.target.synchronize)
+
+
+RULES.calls[f"{XM}.wait_device_ops"] = _sync
+
+
+def _step_closure(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
+    fn = arg(call, 0, "closure")
+    args = arg(call, 1, "args")
+    if fn is None:
+        return None
+    if args is None:
+        return cst.Call(func=fn)
+    if isinstance(args, cst.Tuple):
+        return cst.Call(func=fn, args=[cst.Arg(e.value) for e in args.elements if isinstance(e, cst.Element)])
+    return cst.Call(func=fn, args=[cst.Arg(args, star="*")])
+
+
+RULES.calls[f"{XM}.add_step_closure"] = _step_closure
+
+
+def _ordinal(var: str, default: str) -> object:
+    def rule(ctx: Ctx, call: cst.Call, qn: str) -> Expr:
+        return ctx.expr(_env_int(ctx, var, default))
+    return rule
+
+
+for _qn in (f"{XM}.get_ordinal", f"{XR}.global_ordinal"):
+    RULES.calls[_qn] = _ordinal("RANK", "0")  # type: ignore[assignment]
+for _qn in (f"{XM}.get_local_ordinal", f"{XR}.local_ordinal"):
+    RULES.calls[_qn] = _ordinal("LOCAL_RANK", "0")  # type: ignore[assignment]
+for _qn in (f"{XM}.xrt_world_size", f"{XM}.world_size", f"{XR}.world_size", f"{XR}.global_runtime_device_count",
+            f"{XR}.global_device_count"):
+    RULES.calls[_qn] = _ordinal("WORLD_SIZE", "1")  # type: ignore[assignment]
+for _qn in (f"{XR}.local_process_count", f"{XR}.local_device_count", f"{XR}.addressable_device_count"):
+    RULES.calls[_qn] = _ordinal("LOCAL_WORLD_SIZE", "1")  # type: ignore[assignment]
+
+
+def _is_master(ctx: Ctx, call: cst.Call, qn: str) -> Expr:
+    local = arg(call, 0, "local")
+    if local is None or (isinstance(local, cst.Name) and local.value == "True"):
+        return ctx.expr(f"{_env_int(ctx, 'LOCAL_RANK', '0')} == 0")
+    if isinstance(local, cst.Name) and local.value == "False":
+        return ctx.expr(f"{_env_int(ctx, 'RANK', '0')} == 0")
+    ctx.need("os")
+    return ctx.expr(f'int(os.environ.get("LOCAL_RANK" if {ctx.code(local)} else "RANK", "0")) == 0')
+
+
+RULES.calls[f"{XM}.is_master_ordinal"] = _is_master
+
+
+def _print_call(ctx: Ctx, call: cst.Call) -> str | None:
+    split = split_args(call)
+    if split is None:
+        return None
+    pos, kw = split
+    parts = [ctx.code(a.value) for a in pos]
+    if "fd" in kw:
+        parts.append(f"file={ctx.code(kw['fd'].value)}")
+    if "finalizer" in kw:
+        ctx.warn("master_print's finalizer is not called")
+    parts.append("flush=True")
+    return f"print({', '.join(parts)})"
+
+
+def _master_print_stmt(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt] | None:
+    p = _print_call(ctx, call)
+    if p is None:
+        return None
+    return [ctx.stmt(f"if {_env_int(ctx, 'RANK', '0')} == 0:\n    {p}\n")]
+
+
+def _master_print(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
+    p = _print_call(ctx, call)
+    return None if p is None else ctx.expr(f"{p} if {_env_int(ctx, 'RANK', '0')} == 0 else None")
+
+
+RULES.statements[f"{XM}.master_print"] = _master_print_stmt
+RULES.calls[f"{XM}.master_print"] = _master_print
+
+
+def _rendezvous(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
+    if arg(call, 1, "payload") is not None:
+        ctx.flag(flagmod.for_qualname(f"{XM}.rendezvous"), ctx.code(call))
+        return None
+    ctx.need("torch")
+    return ctx.expr("torch.distributed.barrier()")
+
+
+RULES.calls[f"{XM}.rendezvous"] = _rendezvous
+
+
+def _optimizer_args(ctx: Ctx, call: cst.Call) -> tuple[str, str] | None:
+    split = split_args(call)
+    if split is None:
+        return None
+    pos, kw = split
+    opt = arg(call, 0, "optimizer")
+    if opt is None:
+        return None
+    extra = arg(call, 2, "optimizer_args")
+    if arg(call, 3, "groups") is not None:
+        ctx.warn("`groups` is not translated: gradients are averaged over the whole world")
+    return ctx.code(opt), ("" if extra is None else f"**{ctx.code(extra)}")
+
+
+def _optimizer_step_stmt(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt] | None:
+    got = _optimizer_args(ctx, call)
+    if got is None:
+        return None
+    opt, extra = got
+    ctx.helper("neuron_average_gradients")
+    return [ctx.stmt(f"neuron_average_gradients({opt})\n"), ctx.stmt(f"{opt}.step({extra})\n")]
+
+
+def _optimizer_step(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
+    ctx.helper("neuron_optimizer_step")
+    return call.with_changes(func=cst.Name("neuron_optimizer_step"))
+
+
+RULES.statements[f"{XM}.optimizer_step"] = _optimizer_step_stmt
+RULES.calls[f"{XM}.optimizer_step"] = _optimizer_step
+
+
+def _helper_call(name: str, warn: str = "") -> object:
+    def rule(ctx: Ctx, call: cst.Call, qn: str) -> Expr:
+        ctx.helper(name)
+        if warn:
+            ctx.warn(warn)
+        return call.with_changes(func=cst.Name(name))
+    return rule
+
+
+RULES.calls[f"{XM}.reduce_gradients"] = _helper_call("neuron_average_gradients")  # type: ignore[assignment]
+RULES.calls[f"{XM}.save"] = _helper_call("neuron_save")  # type: ignore[assignment]
+RULES.calls[f"{XM}.all_reduce"] = _helper_call("neuron_all_reduce")  # type: ignore[assignment]
+RULES.calls[f"{XM}.mesh_reduce"] = _helper_call("neuron_mesh_reduce")  # type: ignore[assignment]
+
+
+def _loader(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
+    loader, device = arg(call, 0, "loader"), arg(call, 1, "device")
+    if loader is None or device is None:
+        return None
+    split = split_args(call)
+    if split and set(split[1]) - {"loader", "device"}:
+        ctx.warn(f"dropped MpDeviceLoader options: {', '.join(sorted(set(split[1]) - {'loader', 'device'}))}")
+    ctx.helper("NeuronDeviceLoader")
+    return ctx.expr(f"NeuronDeviceLoader({ctx.code(loader)}, {ctx.code(device)})")
+
+
+RULES.calls[f"{PL}.MpDeviceLoader"] = _loader
+
+
+def _per_device_loader(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None:
+    """`pl.ParallelLoader(loader, [device]).per_device_loader(device)`."""
+    func = updated.func
+    if not (isinstance(func, cst.Attribute) and func.attr.value == "per_device_loader"
+            and isinstance(func.value, cst.Call) and isinstance(original.func, cst.Attribute)
+            and isinstance(original.func.value, cst.Call)
+            and ctx.qualname(original.func.value.func) == f"{PL}.ParallelLoader"):
+        return None
+    loader, device = arg(func.value, 0, "loader"), arg(updated, 0, "device")
+    if loader is None or device is None:
+        return None
+    ctx.helper("NeuronDeviceLoader")
+    return ctx.expr(f"NeuronDeviceLoader({ctx.code(loader)}, {ctx.code(device)})")
+
+
+RULES.call_hooks.append(_per_device_loader)
+
+
+def _spawn_stmt(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt] | None:
+    fn = arg(call, 0, "fn")
+    if fn is None:
+        return None
+    args = arg(call, 1, "args")
+    nprocs = arg(call, 2, "nprocs")
+    call_args = [] if qn == "torch_xla.launch" else [_env_int(ctx, "LOCAL_RANK", "0")]
+    if isinstance(args, cst.Tuple):
+        call_args += [ctx.code(e.value) for e in args.elements]
+    elif args is not None:
+        call_args.append(f"*{ctx.code(args)}")
+    n = ctx.code(nprocs) if nprocs is not None and ctx.code(nprocs) != "None" else "<cores>"
+    ctx.warn(f"launch the script with `torchrun --nproc-per-node {n}` (xmp.spawn started one process per core)")
+    ctx.need("os")
+    ctx.state["spawn"] = True
+    call_fn = ctx.stmt(f"{ctx.code(fn)}({', '.join(call_args)})\n")
+    if "init_process_group" in ctx.state["called"]:  # the script starts its own process group (spawned function)
+        return [call_fn]
+    ctx.need("torch")
+    return [
+        ctx.stmt(f'if "WORLD_SIZE" in os.environ:  # one torchrun worker per core, as xmp.spawn started\n'
+                 f'    torch.distributed.init_process_group("{ctx.target.backend}")\n'),
+        call_fn,
+    ]
+
+
+for _qn in (f"{XMP}.spawn", "torch_xla.launch"):
+    RULES.statements[_qn] = _spawn_stmt
+
+
+def _rename(code: str, *imports: str) -> object:
+    def make(ctx: Ctx) -> Expr:
+        for m in imports:
+            ctx.need(m)
+        return ctx.expr(code)
+    return make
+
+
+for _opt in ("AdamW", "Adam", "SGD"):
+    RULES.renames[f"torch_xla.amp.syncfree.{_opt}"] = _rename(f"torch.optim.{_opt}", "torch")  # type: ignore
+for _xla, _native in (("SUM", "SUM"), ("MUL", "PRODUCT"), ("AND", "BAND"), ("OR", "BOR"), ("MIN", "MIN"),
+                      ("MAX", "MAX")):
+    RULES.renames[f"{XM}.REDUCE_{_xla}"] = _rename(f"torch.distributed.ReduceOp.{_native}", "torch")  # type: ignore
+
+
+def _autocast(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
+    split = split_args(call)
+    if split is None:
+        return None
+    rest = [a for a in call.args if a is not (split[0][0] if split[0] else None) and
+            not (a.keyword is not None and a.keyword.value == "device")]
+    ctx.need("torch")
+    new = ctx.expr(f"torch.autocast({ctx.device_str()})")
+    assert isinstance(new, cst.Call)
+    space = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    first = new.args[0].with_changes(comma=space) if rest else new.args[0]
+    rest = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) if i == len(rest) - 1 else a for i, a in enumerate(rest)]
+    return new.with_changes(args=[first, *rest])
+
+
+RULES.calls["torch_xla.amp.autocast"] = _autocast
+
+
+# calls outside the families that name XLA: the 'xla' device string, the 'xla' process-group backend
+_DEVICE_CALLS = {"torch.device", "torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast",
+                 "torch.empty", "torch.zeros", "torch.ones", "torch.randn", "torch.rand", "torch.tensor",
+                 "torch.arange", "torch.full"}
+_PG_CALLS = {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group",
+             "torch.distributed.new_group"}
+
+
+def _native_call(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None:
+    qn = ctx.qualname(original.func)
+    method = original.func.attr.value if isinstance(original.func, cst.Attribute) else None
+    changed = False
+    args = list(updated.args)
+    if qn in _PG_CALLS:
+        for i, a in enumerate(args):
+            if (a.keyword is None and i == 0) or (a.keyword is not None and a.keyword.value == "backend"):
+                if isinstance(a.value, cst.SimpleString) and a.value.evaluated_value == "xla":
+                    args[i] = a.with_changes(value=cst.SimpleString(f"{a.value.quote}{ctx.target.backend}"
+                                                                    f"{a.value.quote}"))
+                    changed = True
+        keep = []
+        for a in args:
+            if (a.keyword is not None and a.keyword.value == "init_method" and isinstance(a.value, cst.SimpleString)
+                    and str(a.value.evaluated_value).startswith(("xla://", "pjrt://"))):
+                changed = True
+                continue
+            keep.append(a)
+        if keep and keep[-1].comma is not cst.MaybeSentinel.DEFAULT and len(keep) < len(args):
+            keep[-1] = keep[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        args = keep
+    else:
+        for i, a in enumerate(args):
+            positional_device = a.keyword is None and i == 0 and (qn in _DEVICE_CALLS or method == "to")
+            keyword_device = a.keyword is not None and a.keyword.value in ("device", "device_type", "map_location")
+            if (positional_device or keyword_device) and is_xla_string(a.value):
+                quote = a.value.quote  # type: ignore[attr-defined]
+                args[i] = a.with_changes(value=cst.SimpleString(ctx.device_str(quote)))
+                changed = True
+    if not changed:
+        return None
+    return updated.with_changes(args=args)
+
+
+def _native_call_hook(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None:
+    return _native_call(ctx, original, updated)
+
+
+RULES.call_hooks.append(_native_call_hook)
+_native_call_hook.rule_name = "xla-string"  # type: ignore[attr-defined]
+_per_device_loader.rule_name = "ParallelLoader"  # type: ignore[attr-defined]
