@@ -167,13 +167,15 @@ def test_cli_writes_table_json_and_plots(tmp_path: Path, llama3_8b: Path, capsys
                               "full", "--json", str(tmp_path / "plan.json"), "--plots", str(tmp_path / "plots")])
     assert plan_cli.run(args) == 0
     out = capsys.readouterr().out
-    assert "8x4x1" in out and "roofline estimate" in out and "optimal 3 buckets" in out
+    assert "8x1x4x1" in out and "roofline estimate" in out and "optimal 3 buckets" in out
     data = json.loads((tmp_path / "plan.json").read_text())
     first = data["layouts"][0]
-    assert {"tp", "fsdp", "dp", "fits", "memory_per_core", "comm_per_step", "step_time_s"} <= set(first)
-    assert {"params", "grads", "optimizer", "activations", "total", "capacity"} <= set(first["memory_per_core"])
-    assert {"collective", "bytes", "scope"} <= set(first["comm_per_step"][0])
-    assert {"compute", "comm", "total"} <= set(first["step_time_s"])
+    assert {"layout", "tp", "pp", "fsdp", "dp", "fits", "memory_per_core", "comm_per_step", "step_time_s"} <= set(first)
+    assert {"params", "grads", "optimizer", "activations", "total", "reserved", "runtime_reserve", "needed",
+            "capacity", "stage"} <= set(first["memory_per_core"])
+    assert {"collective", "bytes", "scope", "levels", "scope_bytes"} <= set(first["comm_per_step"][0])
+    assert {"compute", "comm", "total", "pipeline_bubble", "comm_by_scope"} <= set(first["step_time_s"])
+    assert data["settings"]["hbm_reserve"] > 0 and data["settings"]["pipeline_schedule"] == "1F1B"
     assert data["settings"]["seq_len"] == 4000
     assert [p["buckets"] for p in data["padding"]["policies"]][2] == [1200, 2500, 4000]
     for name in ("memory.png", "step_time.png", "padding.png", "plan.html"):

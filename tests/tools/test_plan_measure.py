@@ -1,9 +1,11 @@
-"""``--measure`` against the analytic plan: real steps on four emulated cores, under torchrun's environment.
+"""``--measure`` against the analytic plan: real steps on emulated cores, under torchrun's environment.
 
 Each layout loads a tiny GQA decoder the way Transformers shards it (its
-``tp_plan`` and FSDP2 over a DeviceMesh) and runs a training step; the
-allocator's peak must be within 10% of the estimate and every collective's
-bytes, as ``comm_stats`` counts them, exactly the planner's.
+``tp_plan`` and FSDP2 over a DeviceMesh), or replicated with a ZeRO-1
+optimizer, or split into two pipeline stages run by ``Schedule1F1B``, and
+runs a training step; the allocator's peak must be within 10% of the
+estimate and every collective's bytes, as ``comm_stats`` counts them,
+exactly the planner's.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ SETTINGS = {"instance": "trn2.3xlarge", "global_batch": 8, "micro_batch": 2, "se
 
 @pytest.fixture(scope="module")
 def llama_plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
-    return plan(tiny_llama(), measure=3, workdir=tmp_path_factory.mktemp("llama"), **SETTINGS)
+    return plan(tiny_llama(), measure=2, workdir=tmp_path_factory.mktemp("llama"), **SETTINGS)
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +37,19 @@ def mixed_recompute_plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
     return plan(tiny_llama(), layouts=[(2, 2, 1)], measure=1, workdir=tmp_path_factory.mktemp("mixed"), **settings)
 
 
+@pytest.fixture(scope="module")
+def zero1_plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
+    return plan(tiny_llama(), layouts=[(1, 1, 4)], zero1=True, measure=1, workdir=tmp_path_factory.mktemp("zero1"),
+                **SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def pipeline_plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
+    # two stages on trn1.2xlarge's two cores; 4 sequences in micro-batches of 2: two micro-batches through 1F1B
+    settings = {**SETTINGS, "instance": "trn1.2xlarge", "global_batch": 4}
+    return plan(tiny_llama(), layouts=[(1, 1, 1, 2)], measure=1, workdir=tmp_path_factory.mktemp("pp"), **settings)
+
+
 def _check_agreement(result: Plan, expected_measured: int) -> list[str]:
     measured = [lp for lp in result.layouts if lp.measured is not None]
     assert len(measured) == expected_measured
@@ -43,14 +58,16 @@ def _check_agreement(result: Plan, expected_measured: int) -> list[str]:
         m = lp.measured
         assert m is not None
         assert abs(m["memory_error"]) <= 0.10, (lp.layout, m["peak_allocated"], m["analytic_peak"])
+        # reserved: 2 MiB segments dominate these tiny models; the estimate is reported, within a segment or two
+        assert abs(m["analytic_reserved"] - m["peak_reserved"]) <= 2 * (4 << 20), (lp.layout, m)
         for row in m["comm"]:
             assert (row["calls"], row["bytes"]) == (row["analytic_calls"], row["analytic_bytes"]), (lp.layout, row)
         lines.append(f"{lp.layout}: peak {m['peak_allocated']} vs {m['analytic_peak']} ({m['memory_error']:+.1%})")
     return lines
 
 
-def test_three_llama_layouts_agree_with_measurement(llama_plan: Plan) -> None:
-    _check_agreement(llama_plan, 3)
+def test_two_best_llama_layouts_agree_with_measurement(llama_plan: Plan) -> None:
+    _check_agreement(llama_plan, 2)
     kinds = {(row["group"], row["collective"]) for lp in llama_plan.layouts if lp.measured
              for row in lp.measured["comm"]}
     assert {("fsdp", "all_gather_into_tensor"), ("fsdp", "reduce_scatter_tensor")} <= kinds
@@ -61,16 +78,19 @@ def test_gqa_mistral_tensor_parallel_layouts_agree_with_measurement(mistral_plan
     tp4 = mistral_plan.find(4, 1)
     assert tp4.measured is not None
     rows = {(r["group"], r["collective"]): r for r in tp4.measured["comm"]}
-    # 7 all-reduces per layer (2 forward, 5 backward) + embedding + LM head, of tokens x hidden fp32 each
-    assert rows[("tp", "all_reduce")]["bytes"] == 16 * 2 * 32 * 128 * 4
+    # 7 all-reduces per layer (2 forward, 5 backward) + embedding + LM head, of tokens x hidden fp32 each, in each of
+    # the step's 4 micro-batches (8 sequences, 2 at a time, one data-parallel rank)
+    assert tp4.micro_steps == 4
+    assert rows[("tp", "all_reduce")]["bytes"] == 4 * 16 * 2 * 32 * 128 * 4
 
 
 def test_bf16_mixed_with_full_recomputation_agrees_with_measurement(mixed_recompute_plan: Plan) -> None:
     _check_agreement(mixed_recompute_plan, 1)
     rows = {(r["group"], r["collective"]): r for r in mixed_recompute_plan.best.measured["comm"]}  # type: ignore[index]
-    # recomputation reruns o_proj's all-reduce, not down_proj's (non-reentrant checkpointing stops early); bf16
-    assert rows[("tp", "all_reduce")]["calls"] == 18
-    assert rows[("tp", "all_reduce")]["bytes"] == 18 * 2 * 32 * 128 * 2
+    # recomputation reruns o_proj's all-reduce, not down_proj's (non-reentrant checkpointing stops early); bf16; two
+    # micro-batches per step
+    assert rows[("tp", "all_reduce")]["calls"] == 2 * 18
+    assert rows[("tp", "all_reduce")]["bytes"] == 2 * 18 * 2 * 32 * 128 * 2
 
 
 def test_top_choice_is_consistent_with_its_measured_run(llama_plan: Plan) -> None:
@@ -88,4 +108,25 @@ def test_top_choice_is_consistent_with_its_measured_run(llama_plan: Plan) -> Non
 def test_plan_json_carries_the_measurement(llama_plan: Plan, tmp_path: Path) -> None:
     data = llama_plan.as_dict()
     measured = [d for d in data["layouts"] if "measured" in d]
-    assert len(measured) == 3 and all(d["measured"]["comm_exact"] for d in measured)
+    assert len(measured) == 2 and all(d["measured"]["comm_exact"] for d in measured)
+
+
+def test_zero1_agrees_with_measurement(zero1_plan: Plan) -> None:
+    _check_agreement(zero1_plan, 1)
+    lp = zero1_plan.best
+    rows = {(r["group"], r["collective"]): r for r in lp.measured["comm"]}  # type: ignore[index]
+    # one flat buffer of every parameter (fp32), padded to a multiple of DP: reduce-scattered, then all-gathered
+    numel = zero1_plan.model.total_params
+    padded = -(-numel // 4) * 4
+    assert rows[("dp", "reduce_scatter_tensor")]["bytes"] == padded * 4
+    assert rows[("dp", "all_gather_into_tensor")]["bytes"] == padded * 4
+    assert lp.memory.optimizer < lp.memory.params  # 3 shards of 1/4 (master + two moments)
+
+
+def test_pipeline_1f1b_agrees_with_measurement(pipeline_plan: Plan) -> None:
+    _check_agreement(pipeline_plan, 1)
+    rows = {(r["group"], r["collective"]): r for r in pipeline_plan.best.measured["comm"]}  # type: ignore[index]
+    # stage 0 sends each micro-batch's boundary activation (2 x 32 tokens x hidden 128, fp32) and receives its
+    # gradient: two micro-batches
+    assert rows[("pp", "send")] == {**rows[("pp", "send")], "calls": 2, "bytes": 2 * 2 * 32 * 128 * 4}
+    assert rows[("pp", "recv")]["bytes"] == 2 * 2 * 32 * 128 * 4

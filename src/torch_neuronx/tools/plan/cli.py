@@ -13,14 +13,14 @@ from torch_neuronx.tools.plan.layouts import PlanError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser("plan", help="choose the TP x FSDP x DP layout and padding policy before renting",
+    p = subparsers.add_parser("plan", help="choose the TP x PP x FSDP x DP layout and padding policy before renting",
                               description="Estimate memory per core, communication and step time of every parallel "
                               "layout of MODEL on the instances, and compare padding policies (docs/plan.md).")
-    p.add_argument("model", help="a Hugging Face config.json or model directory, or module:function")
-    p.add_argument("--instance", required=True, help="instance type, e.g. trn1.32xlarge or trn2.48xlarge")
+    p.add_argument("model", nargs="?", help="a Hugging Face config.json or model directory, or module:function")
+    p.add_argument("--instance", default=None, help="instance type, e.g. trn1.32xlarge or trn2.48xlarge (required)")
     p.add_argument("--instances", type=int, default=1, help="number of instances (multi-node over EFA)")
     p.add_argument("--lnc", type=int, choices=(1, 2), default=None, help="logical NeuronCore config (Trn2: 1 or 2)")
-    p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    p.add_argument("--global-batch", type=int, default=None, help="sequences per optimizer step (required)")
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per core per forward")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the longest of --lengths)")
     p.add_argument("--lengths", default=None, help="file of sequence lengths (one per line, or a JSON list)")
@@ -31,38 +31,101 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--max-graphs", type=int, default=4, help="bucket budget: at most this many compiled graphs")
     p.add_argument("--precision", choices=("fp32", "bf16-mixed", "bf16"), default="bf16-mixed")
     p.add_argument("--checkpointing", choices=("none", "selective", "full"), default="none")
+    p.add_argument("--zero1", action="store_true", help="shard the optimizer state over DP (ZeRO-1) instead of FSDP")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="split activations over TP (all-gather / reduce-scatter in place of all-reduce)")
+    p.add_argument("--no-pipeline", action="store_true", help="leave pipeline-parallel layouts (PP > 1) out")
+    p.add_argument("--autocast", choices=("matmult", "none"), default="matmult",
+                   help="the compiler's FP32 matmul policy: matmult (neuronx-cc's default: cast to BF16) or none")
+    p.add_argument("--hbm-reserve", default=None, metavar="SIZE",
+                   help="HBM the Neuron runtime keeps per core, e.g. 1GiB (default: 96 MB micro-code per physical "
+                   "core + one 512 MiB scratchpad page)")
     p.add_argument("--layout", action="append", default=None, metavar="TPxFSDPxDP",
-                   help="plan only this layout, e.g. 8x4x1 (repeatable)")
+                   help="plan only this layout: TPxFSDP, TPxFSDPxDP or TPxPPxFSDPxDP, e.g. 8x4 (repeatable)")
     p.add_argument("--measure", nargs="?", const=3, type=int, default=0, metavar="N",
                    help="run the N best layouts (default 3) for one real step on emulated cores")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the plan as JSON")
     p.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots and plan.html here")
+    p.add_argument("--calibration", action="store_true",
+                   help="print the time model against every published Trainium training result, and exit")
 
 
-def _parse_layout(text: str) -> tuple[int, int, int]:
+def _parse_layout(text: str) -> tuple[int, int, int, int]:
+    """(tp, fsdp, dp, pp) from TPxFSDP, TPxFSDPxDP or TPxPPxFSDPxDP."""
     parts = text.lower().replace("×", "x").split("x")
-    if len(parts) not in (2, 3) or not all(p.strip().isdigit() for p in parts):
-        raise PlanError(f"--layout {text!r}: write TPxFSDP or TPxFSDPxDP, e.g. 8x4 or 8x2x2")
-    tp, fsdp, *dp = (int(p) for p in parts)
-    return tp, fsdp, dp[0] if dp else 1
+    if len(parts) not in (2, 3, 4) or not all(p.strip().isdigit() for p in parts):
+        raise PlanError(f"--layout {text!r}: write TPxFSDP, TPxFSDPxDP or TPxPPxFSDPxDP, e.g. 8x4, 8x2x2 or 8x2x2x1")
+    values = [int(p) for p in parts]
+    if min(values) < 1:
+        raise PlanError(f"--layout {text!r}: every degree must be at least 1")
+    if len(values) == 4:
+        tp, pp, fsdp, dp = values
+    else:
+        tp, fsdp, *rest = values
+        dp, pp = (rest[0] if rest else 1), 1
+    return tp, fsdp, dp, pp
+
+
+def _check_output(path: str, what: str) -> None:
+    """Refuse an output path before anything is computed or printed."""
+    from pathlib import Path
+
+    target = Path(path)
+    if what == "json":
+        if target.is_dir():
+            raise PlanError(f"--json {path} is a directory: give a file name, e.g. {target / 'plan.json'}")
+        if not target.parent.is_dir():
+            raise PlanError(f"--json {path}: the folder {target.parent} does not exist; create it first")
+    elif target.exists() and not target.is_dir():
+        raise PlanError(f"--plots {path} is a file: give a folder")
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except BrokenPipeError:
+        # the reader (head, less) closed the pipe: not an error; keep Python from complaining at exit
+        import os
+
+        try:  # later flushes (at exit) go nowhere instead of raising again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 0
+
+
+def _run(args: argparse.Namespace) -> int:
     from torch_neuronx.tools.plan import plan
     from torch_neuronx.tools.plan.padding import lengths_from_files, read_lengths
     from torch_neuronx.tools.plan.report import table, write_json, write_plots
 
     try:
+        if args.calibration:
+            from torch_neuronx.tools.plan.calibration import calibration_table
+
+            print(calibration_table())
+            return 0
+        missing = [flag for flag, value in (("MODEL", args.model), ("--instance", args.instance),
+                                            ("--global-batch", args.global_batch)) if value is None]
+        if missing:
+            raise PlanError(f"give {', '.join(missing)} (or --calibration)")
+        if args.json_path:
+            _check_output(args.json_path, "json")
+        if args.plots:
+            _check_output(args.plots, "plots")
         if args.lengths and args.dataset:
-            raise ValueError("give --lengths FILE or --dataset PATH, not both")
+            raise PlanError("give --lengths FILE or --dataset PATH, not both")
+        reserve = _size(args.hbm_reserve) if args.hbm_reserve is not None else None
+        layouts = [_parse_layout(t) for t in args.layout] if args.layout else None
         lengths = read_lengths(args.lengths) if args.lengths else None
         if args.dataset:
             lengths = lengths_from_files(args.dataset, args.column, args.tokenizer or args.model)
         result = plan(args.model, instance=args.instance, instances=args.instances, lnc=args.lnc,
                       global_batch=args.global_batch, seq_len=args.seq_len, lengths=lengths,
                       max_graphs=args.max_graphs, precision=args.precision, checkpointing=args.checkpointing,
-                      micro_batch=args.micro_batch, measure=args.measure,
-                      layouts=[_parse_layout(t) for t in args.layout] if args.layout else None)
+                      micro_batch=args.micro_batch, measure=args.measure, hbm_reserve=reserve, zero1=args.zero1,
+                      sequence_parallel=args.sequence_parallel, pipeline=not args.no_pipeline,
+                      autocast=args.autocast, layouts=layouts)
     except (PlanError, ValueError) as exc:
         print(f"torch-neuronx plan: error: {exc}", file=sys.stderr)
         return 2
@@ -72,4 +135,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {write_json(data, args.json_path)}")
     if args.plots:
         print("wrote " + ", ".join(str(p) for p in write_plots(data, args.plots)))
+    sys.stdout.flush()  # a closed pipe shows here, inside run's handler, not at interpreter exit
     return 0
+
+
+def _size(text: str) -> int:
+    """Bytes from 512MiB, 1GiB, 2GB, 0 or a plain number of bytes."""
+    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+    t = text.strip().lower().replace(" ", "")
+    number = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = float("nan")
+    if unit not in units or not value >= 0 or value * units[unit] >= 1 << 50:
+        raise PlanError(f"--hbm-reserve {text!r}: give a size such as 0, 768MiB or 1GiB")
+    return int(value * units[unit])

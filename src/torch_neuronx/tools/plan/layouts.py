@@ -1,19 +1,25 @@
-"""Which TP x FSDP x DP layouts can exist for a model on a set of instances, and why the others cannot.
+"""Which TP x PP x FSDP x DP layouts can exist for a model on a set of instances, and why the others cannot.
 
 A layout splits the world (every logical NeuronCore of the instances) into a
 tensor-parallel group (innermost: consecutive cores, so it stays on a chip or
-inside the instance's NeuronLink domain), FSDP shards, and data-parallel
-replicas (HSDP, outermost). Tensor parallelism needs the model's heads, KV
-heads, MLP width and experts to divide evenly; the global batch must split
-into whole micro-batches over the data-parallel ranks.
+inside the instance's NeuronLink domain), FSDP shards, data-parallel
+replicas (HSDP) and pipeline stages (outermost: stages exchange only
+activations, the cheapest traffic to send across instances). Tensor
+parallelism needs the model's heads, KV heads, MLP width and experts to
+divide evenly; pipeline parallelism needs at least one decoder layer per
+stage; the global batch must split into whole micro-batches over the
+data-parallel ranks.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from torch_neuronx.runtime.instances import INSTANCES, Instance
 from torch_neuronx.tools.plan.model import ModelSpec
+
+MAX_INSTANCES = 10_000  # AWS's largest UltraClusters are in the tens of thousands of chips, not instances
 
 
 class PlanError(ValueError):
@@ -51,8 +57,8 @@ def hardware(instance: str, count: int = 1, lnc: int | None = None) -> Hardware:
     inst = INSTANCES.get(instance)
     if inst is None:
         raise PlanError(f"unknown instance type {instance!r}; choose one of {', '.join(sorted(INSTANCES))}")
-    if count < 1:
-        raise PlanError(f"--instances must be >= 1, got {count}")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_INSTANCES:
+        raise PlanError(f"--instances must be a whole number from 1 to {MAX_INSTANCES:,}, got {count!r}")
     if count > 1 and inst.efa_gbps <= 0:
         raise PlanError(f"{instance} has no EFA network, so {count} of them cannot train as one job: use one, or a "
                         "trn1.32xlarge / trn1n.32xlarge / trn2.48xlarge")
@@ -68,22 +74,30 @@ class Layout:
     tp: int
     fsdp: int
     dp: int
+    pp: int = 1
 
     @property
     def world(self) -> int:
-        return self.tp * self.fsdp * self.dp
+        return self.tp * self.fsdp * self.dp * self.pp
 
     @property
     def data_parallel(self) -> int:
         """Ranks that see different rows: the FSDP shards times the replicas."""
         return self.fsdp * self.dp
 
+    @property
+    def name(self) -> str:
+        """``TPxPPxFSDPxDP``, as the table prints it and ``--layout`` takes it."""
+        return f"{self.tp}x{self.pp}x{self.fsdp}x{self.dp}"
+
     def __str__(self) -> str:
-        return f"TP={self.tp} x FSDP={self.fsdp} x DP={self.dp}"
+        pp = f" x PP={self.pp}" if self.pp > 1 else ""
+        return f"TP={self.tp}{pp} x FSDP={self.fsdp} x DP={self.dp}"
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def tp_problems(model: ModelSpec, tp: int) -> list[str]:
@@ -97,9 +111,16 @@ def tp_problems(model: ModelSpec, tp: int) -> list[str]:
 
 def layout_problems(model: ModelSpec, hw: Hardware, layout: Layout, global_batch: int, micro_batch: int) -> list[str]:
     """Why `layout` cannot run (empty when it can)."""
+    degrees = {"TP": layout.tp, "PP": layout.pp, "FSDP": layout.fsdp, "DP": layout.dp}
+    bad = [f"{k}={v}" for k, v in degrees.items() if not isinstance(v, int) or v < 1]
+    if bad:
+        return [f"every degree must be a whole number >= 1 ({', '.join(bad)})"]
     problems = tp_problems(model, layout.tp)
+    if layout.pp > model.layers:
+        problems.append(f"PP={layout.pp} stages but the model has {model.layers} decoder layers: at most one stage "
+                        "per layer")
     if layout.world != hw.world:
-        problems.append(f"TP x FSDP x DP = {layout.world} but {hw.count} x {hw.instance.name} at LNC={hw.lnc} "
+        problems.append(f"TP x PP x FSDP x DP = {layout.world} but {hw.count} x {hw.instance.name} at LNC={hw.lnc} "
                         f"has {hw.world} NeuronCores")
     if layout.tp > hw.cores_per_instance:
         problems.append(f"TP={layout.tp} spans instances ({hw.cores_per_instance} cores each): tensor parallelism "
@@ -123,15 +144,20 @@ def valid_tp(model: ModelSpec, hw: Hardware) -> list[int]:
     return [t for t in divisors(hw.cores_per_instance) if not tp_problems(model, t)]
 
 
-def enumerate_layouts(model: ModelSpec, hw: Hardware, global_batch: int, micro_batch: int) -> list[Layout]:
-    """Every layout of the world that the model and batch allow (DP: replicas of the FSDP group, HSDP)."""
+def enumerate_layouts(model: ModelSpec, hw: Hardware, global_batch: int, micro_batch: int,
+                      pipeline: bool = True) -> list[Layout]:
+    """Every layout of the world that the model and batch allow (DP: replicas of the FSDP group, HSDP; PP: pipeline
+    stages, when `pipeline`)."""
     layouts = []
     for tp in valid_tp(model, hw):
-        rest = hw.world // tp
-        for dp in divisors(rest):
-            layout = Layout(tp, rest // dp, dp)
-            if not layout_problems(model, hw, layout, global_batch, micro_batch):
-                layouts.append(layout)
+        for pp in divisors(hw.world // tp) if pipeline else [1]:
+            if pp > model.layers:
+                break
+            rest = hw.world // (tp * pp)
+            for dp in divisors(rest):
+                layout = Layout(tp, rest // dp, dp, pp)
+                if not layout_problems(model, hw, layout, global_batch, micro_batch):
+                    layouts.append(layout)
     if not layouts:
         raise PlanError(f"no layout of {hw.world} cores fits {model.name} with global batch {global_batch} and "
                         f"micro-batch {micro_batch}: make the global batch a multiple of micro-batch x the "

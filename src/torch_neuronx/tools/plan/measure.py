@@ -9,6 +9,13 @@ DistributedConfig(tp_size, fsdp_size, dp_replicate_size))``: the model's own
 then measures one more step: the caching allocator's peak
 (``torch.neuron.max_memory_allocated``) and the bytes each process group
 moved (``torch_neuronx.distributed.comm_stats``).
+
+ZeRO-1 layouts (DP only) run the replicated model with a flat ZeRO-1
+optimizer written with plain collectives (:class:`Zero1`: gradients
+reduce-scattered over DP into a flat buffer, AdamW on this rank's shard of
+the parameters, the updated shards all-gathered). Pipeline layouts (PP only)
+split the decoder into stages and run ``torch.distributed.pipelining``'s
+``Schedule1F1B`` over the step's micro-batches.
 """
 
 from __future__ import annotations
@@ -36,8 +43,11 @@ def save_checkpoint(config: Any, path: Path, seed: int = 0) -> Path:
 
 def measure_layouts(config: Any, layouts: list[Layout], *, micro_batch: int, seq_len: int, precision: str,
                     checkpointing: str, instance: str = "trn1.32xlarge", lnc: int = 1, hbm_per_core: int | None = None,
-                    workdir: Path | None = None) -> list[dict[str, Any]]:
-    """Run each layout for real; one dict per layout with the ranks' peak memory and comm bytes per group.
+                    workdir: Path | None = None, zero1: bool = False,
+                    global_batch: int | None = None) -> list[dict[str, Any]]:
+    """Run one optimizer step of each layout for real; one dict per layout with the ranks' peak memory and comm
+    bytes per group. A step is `global_batch` sequences: `global_batch / (micro_batch x FSDP x DP)` micro-batches
+    of gradient accumulation per rank (default: one).
 
     With `hbm_per_core` the emulated cores have that capacity: a layout that does not fit fails with the device's
     out-of-memory error, as it would on the instance.
@@ -47,21 +57,28 @@ def measure_layouts(config: Any, layouts: list[Layout], *, micro_batch: int, seq
     if checkpointing == "selective":
         raise ValueError("--measure runs 'none' or 'full' activation checkpointing; Transformers has no selective "
                          "recomputation to run: plan 'selective' analytically, without --measure")
+    for layout in layouts:
+        problem = measurable(layout, zero1, precision, checkpointing)
+        if problem:
+            raise ValueError(f"--measure cannot run layout {layout}: {problem}")
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="neuron_plan_") as tmp:
             return measure_layouts(config, layouts, micro_batch=micro_batch, seq_len=seq_len, precision=precision,
                                    checkpointing=checkpointing, instance=instance, lnc=lnc,
-                                   hbm_per_core=hbm_per_core, workdir=Path(tmp))
+                                   hbm_per_core=hbm_per_core, workdir=Path(tmp), zero1=zero1,
+                                   global_batch=global_batch)
     work = Path(workdir)
     ckpt = save_checkpoint(config, work / "checkpoint")
     results = []
     for layout in layouts:
-        out = work / f"tp{layout.tp}_fsdp{layout.fsdp}_dp{layout.dp}"
+        z = zero1 and layout.dp > 1  # ZeRO-1 shards over DP: without DP it is the plain layout
+        micro_steps = max(1, (global_batch or 0) // (micro_batch * layout.data_parallel))
+        out = work / f"tp{layout.tp}_pp{layout.pp}_fsdp{layout.fsdp}_dp{layout.dp}{'_zero1' if z else ''}"
         out.mkdir(parents=True, exist_ok=True)
         port = free_port()
         args = [sys.executable, "-m", "torch_neuronx.tools.plan.measure", str(ckpt), str(out),
                 str(layout.tp), str(layout.fsdp), str(layout.dp), str(micro_batch), str(seq_len), precision,
-                checkpointing]
+                checkpointing, str(layout.pp), str(int(z)), str(micro_steps)]
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "TORCH_NEURONX_INSTANCE_TYPE": instance,
                "NEURON_LOGICAL_NC_CONFIG": str(lnc)}
         if hbm_per_core:
@@ -72,82 +89,258 @@ def measure_layouts(config: Any, layouts: list[Layout], *, micro_batch: int, seq
             logs = "\n".join(f"=== rank {i}: {p.log()}" for i, p in enumerate(procs))
             raise RuntimeError(f"--measure of layout {layout} failed:\n{logs}")
         ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(layout.world)]
-        results.append({"tp": layout.tp, "fsdp": layout.fsdp, "dp": layout.dp, "ranks": ranks})
+        results.append({"tp": layout.tp, "fsdp": layout.fsdp, "dp": layout.dp, "pp": layout.pp, "zero1": z,
+                        "micro_steps": micro_steps, "per_step": True, "ranks": ranks})
     return results
 
 
-def group_label(ranks: list[int], tp: int, fsdp: int) -> str:
-    """Name a process group by the mesh dimensions (dp, fsdp, tp; tp innermost) its ranks span."""
-    def coords(r: int) -> tuple[int, int, int]:
-        return r // (tp * fsdp), (r // tp) % fsdp, r % tp
+def measurable(layout: Layout, zero1: bool, precision: str, checkpointing: str) -> str:
+    """Why `layout` cannot be run by --measure ("" when it can)."""
+    if zero1 and layout.dp > 1:
+        if (layout.tp, layout.fsdp, layout.pp) != (1, 1, 1):
+            return "ZeRO-1 is measured over data parallelism alone (TP = PP = FSDP = 1)"
+        if precision == "bf16-mixed":
+            return "ZeRO-1 is measured in fp32 or bf16 (bf16-mixed is FSDP2's mixed precision)"
+    if layout.pp > 1:
+        if (layout.tp, layout.fsdp, layout.dp) != (1, 1, 1):
+            return "pipelines are measured alone (TP = FSDP = DP = 1)"
+        if precision == "bf16-mixed" or checkpointing != "none":
+            return "pipelines are measured in fp32 or bf16 without checkpointing"
+    return ""
+
+
+def group_label(ranks: list[int], tp: int, fsdp: int, dp: int = 1) -> str:
+    """Name a process group by the mesh dimensions (pp, dp, fsdp, tp; tp innermost) its ranks span."""
+    def coords(r: int) -> tuple[int, int, int, int]:
+        return r // (tp * fsdp * dp), (r // (tp * fsdp)) % dp, (r // tp) % fsdp, r % tp
 
     cs = [coords(r) for r in ranks]
-    spans = [name for i, name in enumerate(("dp", "fsdp", "tp")) if len({c[i] for c in cs}) > 1]
+    spans = [name for i, name in enumerate(("pp", "dp", "fsdp", "tp")) if len({c[i] for c in cs}) > 1]
     return "+".join(spans) or "self"
 
 
-def _step(model: Any, optimizer: Any, ids: Any) -> float:
-    loss = model(input_ids=ids, labels=ids).loss
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return float(loss.detach().float().cpu())
+class Zero1:
+    """ZeRO-1 over the default group: every rank keeps the whole model and its gradients, and 1/world of the AdamW
+    state. The parameters live, for the optimizer, in one flat master shard per rank (padded to a multiple of the
+    world size); after backward the gradients are copied into one flat buffer and reduce-scattered into the shard's
+    gradient, AdamW updates the shard, and the shards are all-gathered back into the parameters."""
+
+    def __init__(self, params: list[Any], lr: float = 1e-3) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.params = params
+        self.world, rank = dist.get_world_size(), dist.get_rank()
+        total = sum(p.numel() for p in params)
+        self.padded = -(-total // self.world) * self.world
+        self.shard = self.padded // self.world
+        device, dtype = params[0].device, params[0].dtype
+        master = torch.zeros(self.shard, dtype=dtype, device=device)
+        lo, hi, off = rank * self.shard, (rank + 1) * self.shard, 0
+        with torch.no_grad():
+            for p in params:  # this rank's slice of the flat parameters, without materialising all of them
+                a, b = max(lo, off), min(hi, off + p.numel())
+                if a < b:
+                    master[a - lo:b - lo].copy_(p.detach().reshape(-1)[a - off:b - off])
+                off += p.numel()
+        self.master = master.requires_grad_()
+        self.optimizer = torch.optim.AdamW([self.master], lr=lr, foreach=False)
+
+    def step(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        grad_dtype = self.params[0].grad.dtype
+        flat = torch.zeros(self.padded, dtype=grad_dtype, device=self.master.device)
+        off = 0
+        for p in self.params:
+            flat[off:off + p.numel()].copy_(p.grad.reshape(-1))
+            p.grad = None
+            off += p.numel()
+        grad = torch.empty(self.shard, dtype=grad_dtype, device=self.master.device)
+        dist.reduce_scatter_tensor(grad, flat)
+        del flat
+        self.master.grad = grad.div_(self.world)
+        self.optimizer.step()
+        self.master.grad = None
+        del grad
+        full = torch.empty(self.padded, dtype=self.master.dtype, device=self.master.device)
+        dist.all_gather_into_tensor(full, self.master.detach())
+        off = 0
+        with torch.no_grad():
+            for p in self.params:
+                p.copy_(full[off:off + p.numel()].view_as(p))
+                off += p.numel()
+        del full
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+
+def _stage_module(model: Any, stage: int, stages: int) -> Any:
+    """Pipeline stage `stage` of a Hugging Face decoder: its layers, the embedding (first) or norm + LM head (last)."""
+    import torch
+    from torch import nn
+
+    from torch_neuronx.tools.plan.tensors import stage_layers
+
+    lo = sum(stage_layers(model.config.num_hidden_layers, stages, s) for s in range(stage))
+    hi = lo + stage_layers(model.config.num_hidden_layers, stages, stage)
+    inner = model.model
+
+    class Stage(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = inner.embed_tokens if stage == 0 else None
+            self.layers = nn.ModuleList(inner.layers[lo:hi])
+            self.rotary = inner.rotary_emb
+            self.norm = inner.norm if stage == stages - 1 else None
+            self.head = model.lm_head if stage == stages - 1 else None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.embed(x) if self.embed is not None else x
+            pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+            pe = self.rotary(h, pos)
+            for layer in self.layers:  # no mask: SDPA runs causal
+                h = layer(h, attention_mask=None, position_embeddings=pe, position_ids=pos)
+            if self.head is not None:
+                h = self.head(self.norm(h))
+            return h
+
+    return Stage()
 
 
 def _worker(argv: list[str]) -> None:
+    import os
     import time
 
     import torch
     import torch.distributed as dist
-    from transformers import AutoModelForCausalLM
-    from transformers.distributed import DistributedConfig
 
     import torch_neuronx.distributed as nd
 
     ckpt, out = Path(argv[0]), Path(argv[1])
     tp, fsdp, dp, micro_batch, seq_len = (int(a) for a in argv[2:7])
     precision, checkpointing = argv[7], argv[8]
+    pp, zero1, micro_steps = (int(a) for a in argv[9:12])
     torch.set_num_threads(1)
     dist.init_process_group("neuron")
     rank = dist.get_rank()
     device = torch.device("neuron", torch.neuron.current_device())
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    config = DistributedConfig(tp_size=tp, fsdp_size=fsdp, dp_replicate_size=dp,
-                               fsdp_mixed_precision=precision == "bf16-mixed")
-    model = AutoModelForCausalLM.from_pretrained(ckpt, distributed_config=config, dtype=dtype)
-    if checkpointing == "full":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    # per-parameter AdamW: pure TP leaves some parameters plain tensors, which foreach kernels cannot mix with DTensors
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
-    data_rank = rank // tp  # the same rows on every rank of a tp group
+    data_rank = rank // tp if pp == 1 else 0  # the same rows on every rank of a tp group (a pipeline: one input)
     g = torch.Generator().manual_seed(data_rank)
-    vocab = model.config.vocab_size
-    batches = [torch.randint(4, vocab, (micro_batch, seq_len), generator=g).to(device) for _ in range(2)]
+    if pp > 1:
+        step, vocab = _pipeline_step(ckpt, pp, rank, device, dtype, micro_steps)
+    else:
+        step, vocab = _plain_step(ckpt, tp, fsdp, dp, precision, checkpointing, device, dtype, bool(zero1),
+                                  micro_batch)
+    rows = micro_batch * micro_steps
+    batches = [torch.randint(4, vocab, (rows, seq_len), generator=g).to(device) for _ in range(2)]
     after_load = torch.neuron.memory_allocated(device)
-    _step(model, optimizer, batches[0])  # warm-up: creates the optimizer state
+    step(batches[0])  # warm-up: creates the optimizer state (and a pipeline's shapes)
     torch.neuron.synchronize()
     groups = [pg for pg in dist.distributed_c10d._world.pg_group_ranks
               if isinstance(pg, dist.ProcessGroup) and pg.size() > 1]
     for pg in groups:
         nd.reset_comm_stats(pg)
     torch.neuron.reset_peak_memory_stats(device)
+    snapshot = os.environ.get("PLAN_MEASURE_SNAPSHOT")  # debugging the estimate: rank 0's allocations
+    if snapshot and rank == 0:
+        torch.neuron.memory._record_memory_history(max_entries=100000)
     before = torch.neuron.memory_allocated(device)
     t0 = time.perf_counter()
-    loss = _step(model, optimizer, batches[1])
+    loss = step(batches[1])
     torch.neuron.synchronize()
     seconds = time.perf_counter() - t0
+    if snapshot and rank == 0:
+        torch.neuron.memory._dump_snapshot(snapshot)
     stats = torch.neuron.memory_stats(device)
     comm = []
     for pg in groups:
         ranks = sorted(dist.get_process_group_ranks(pg))
         if rank in ranks:
-            comm.append({"group": group_label(ranks, tp, fsdp), "ranks": ranks, "stats": nd.comm_stats(pg)})
+            comm.append({"group": group_label(ranks, tp, fsdp, dp), "ranks": ranks, "stats": nd.comm_stats(pg)})
     record = {"rank": rank, "loss": loss, "seconds": seconds, "after_load_allocated": after_load,
               "step_start_allocated": before, "peak_allocated": torch.neuron.max_memory_allocated(device),
               "peak_reserved": stats.get("reserved_bytes.all.peak", 0), "comm": comm}
     (out / f"rank{rank}.json").write_text(json.dumps(record, indent=1))
     dist.destroy_process_group()
+
+
+def _plain_step(ckpt: Path, tp: int, fsdp: int, dp: int, precision: str, checkpointing: str, device: Any,
+                dtype: Any, zero1: bool, micro_batch: int) -> tuple[Any, int]:
+    import torch
+    from torch.distributed.fsdp import FSDPModule
+    from transformers import AutoModelForCausalLM
+    from transformers.distributed import DistributedConfig
+
+    if zero1:
+        model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).to(device)
+        optimizer: Any = Zero1([p for p in model.parameters() if p.requires_grad])
+    else:
+        config = DistributedConfig(tp_size=tp, fsdp_size=fsdp, dp_replicate_size=dp,
+                                   fsdp_mixed_precision=precision == "bf16-mixed")
+        model = AutoModelForCausalLM.from_pretrained(ckpt, distributed_config=config, dtype=dtype)
+        # per-parameter AdamW: pure TP leaves some parameters plain tensors, which foreach kernels cannot mix with
+        # DTensors
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    if checkpointing == "full":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+
+    fsdp_modules = [mod for mod in model.modules() if isinstance(mod, FSDPModule)]
+
+    def step(ids: Any) -> float:
+        chunks = ids.split(micro_batch)
+        total = 0.0
+        for i, chunk in enumerate(chunks):  # gradient accumulation
+            for mod in fsdp_modules:  # HSDP all-reduces across replicas on the last micro-batch only
+                mod.set_requires_all_reduce(i == len(chunks) - 1, recurse=False)
+            loss = model(input_ids=chunk, labels=chunk).loss / len(chunks)
+            loss.backward()
+            total += float(loss.detach().float().cpu())
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return total
+
+    return step, model.config.vocab_size
+
+
+def _pipeline_step(ckpt: Path, pp: int, rank: int, device: Any, dtype: Any, micro_steps: int) -> tuple[Any, int]:
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype)  # on the host; only this stage moves
+    module = _stage_module(model, rank, pp).to(device)
+    module.train()
+    vocab = model.config.vocab_size
+    del model
+    stage = PipelineStage(module, rank, pp, device)
+
+    def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+
+    schedule = Schedule1F1B(stage, n_microbatches=micro_steps, loss_fn=loss_fn)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3, foreach=False)
+
+    def step(ids: Any) -> float:
+        target = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], dim=1)  # next-token labels
+        losses: list[torch.Tensor] = []
+        if rank == 0:
+            schedule.step(ids)
+        elif rank == pp - 1:
+            schedule.step(target=target, losses=losses)
+        else:
+            schedule.step()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(torch.stack(losses).mean().float().cpu()) if losses else 0.0
+
+    return step, vocab
 
 
 if __name__ == "__main__":
@@ -173,10 +366,14 @@ def compare(lp: Any, run: dict[str, Any]) -> dict[str, Any]:
     rows = []
     for c in lp.comm:
         seen = got.pop((c.group, c.collective), {"calls": 0, "bytes": 0})
-        rows.append({"group": c.group, "collective": c.collective, "analytic_calls": c.calls // lp.micro_steps,
-                     "analytic_bytes": c.bytes // lp.micro_steps, "calls": seen["calls"], "bytes": seen["bytes"]})
+        # the measured step runs one micro-batch, or (a pipeline) the whole step
+        k = lp.micro_steps if c.per_micro_batch and not run.get("per_step") else 1
+        rows.append({"group": c.group, "collective": c.collective, "analytic_calls": c.calls // k,
+                     "analytic_bytes": c.bytes // k, "calls": seen["calls"], "bytes": seen["bytes"]})
     rows += [{"group": g, "collective": n, "analytic_calls": 0, "analytic_bytes": 0, **s} for (g, n), s in got.items()]
-    return {"peak_allocated": peak, "peak_reserved": max(r["peak_reserved"] for r in run["ranks"]),
-            "analytic_peak": lp.memory.total, "memory_error": lp.memory.total / peak - 1,
+    reserved = max(r["peak_reserved"] for r in run["ranks"])
+    return {"peak_allocated": peak, "peak_reserved": reserved, "analytic_peak": lp.memory.total,
+            "memory_error": lp.memory.total / peak - 1, "analytic_reserved": lp.memory.reserved,
+            "reserved_error": lp.memory.reserved / reserved - 1 if reserved else 0.0,
             "comm": rows, "comm_exact": all(r["bytes"] == r["analytic_bytes"] for r in rows),
             "step_seconds_emulated": max(r["seconds"] for r in run["ranks"])}

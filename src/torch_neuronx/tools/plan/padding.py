@@ -13,6 +13,7 @@ takes. The throughput effect is the share of real tokens in what is computed.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,16 +28,45 @@ from torch_neuronx.compile.bucketing import (
 
 
 def read_lengths(path: str | Path) -> list[int]:
-    """Sequence lengths from a file: one integer per line or whitespace/comma separated, or a JSON list."""
-    text = Path(path).read_text()
+    """Sequence lengths from a file: one integer per line or whitespace/comma separated, or a flat JSON list."""
     try:
-        raw = json.loads(text) if text.lstrip().startswith("[") else text.replace(",", " ").split()
-        values = [int(v) for v in raw]
-    except ValueError as exc:
-        raise ValueError(f"{path}: expected integer sequence lengths, one per line ({exc})") from None
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ValueError(f"--lengths {path}: no such file; give a file of sequence lengths") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--lengths {path}: cannot read it as text ({exc})") from None
+    if text.lstrip()[:1] in ("[", "{"):
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"--lengths {path}: not a valid JSON list ({exc})") from None
+        if not isinstance(raw, list):
+            raise ValueError(f"--lengths {path}: a JSON {type(raw).__name__}, not a list of lengths like [512, 1024]")
+    else:
+        raw = text.replace(",", " ").split()
+    values: list[int] = []
+    for v in raw if isinstance(raw, list) else [raw]:
+        n = _whole(v)
+        if n is None:
+            raise ValueError(f"--lengths {path}: {v!r} is not a whole sequence length; give positive integers, one "
+                             "per line or a flat JSON list like [512, 1024]")
+        values.append(n)
     if not values or min(values) < 1:
-        raise ValueError(f"{path}: needs at least one length, every length >= 1")
+        raise ValueError(f"--lengths {path}: needs at least one length, every length >= 1")
     return values
+
+
+def _whole(v: object) -> int | None:
+    """`v` as an int when it is one exactly (an int, an integral float, or a string of digits), else None."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        return int(v) if math.isfinite(v) and v.is_integer() else None
+    if isinstance(v, str) and v.strip().lstrip("+-").isdigit():
+        return int(v)
+    return None
 
 
 def lengths_from_dataset(dataset: Any, column: str, tokenizer: Any, batch_size: int = 1000) -> list[int]:

@@ -50,15 +50,25 @@ def layer_shapes(m: ModelSpec, tp: int) -> tuple[Shape, ...]:
     return attn + mlp + ((m.hidden,), (m.hidden,))
 
 
-def groups(m: ModelSpec, layout: Layout) -> list[Group]:
-    """The FSDP groups of `m` on one core of `layout`, TP-local shapes (vocabulary split when TP > 1)."""
+def groups(m: ModelSpec, layout: Layout, stage: int = 0) -> list[Group]:
+    """The FSDP groups of `m` on one core of pipeline stage `stage` of `layout`, TP-local shapes (vocabulary split
+    when TP > 1). The first stage holds the embedding, the last the final norm and LM head; with pipeline stages a
+    tied embedding is held twice (once on each end), as pipelining splits it."""
+    first, last = stage == 0, stage == layout.pp - 1
     vocab = m.vocab // layout.tp if layout.tp > 1 else m.vocab
     embed = (vocab, m.hidden)
-    tail: tuple[Shape, ...] = ((m.hidden,), embed)  # final norm and LM head (or the tied embedding)
-    out = [] if m.tied_embeddings else [Group("embedding", (embed,), 1, True)]
-    out.append(Group("decoder layer", layer_shapes(m, layout.tp), m.layers, True))
-    out.append(Group("norm + lm_head", tail, 1, False))
-    return out
+    out = []
+    if first and (layout.pp > 1 or not m.tied_embeddings):
+        out.append(Group("embedding", (embed,), 1, True))
+    out.append(Group("decoder layer", layer_shapes(m, layout.tp), stage_layers(m.layers, layout.pp, stage), True))
+    if last:
+        out.append(Group("norm + lm_head", ((m.hidden,), embed), 1, False))  # final norm and LM head (or the tied
+    return out                                                                  # embedding)
+
+
+def stage_layers(layers: int, pp: int, stage: int) -> int:
+    """Decoder layers of pipeline stage `stage` of `pp`: as even as possible, the first stages take the remainder."""
+    return layers // pp + (1 if stage < layers % pp else 0)
 
 
 # The caching allocator's size classes (csrc/runtime/allocator.cpp): what one tensor of n bytes really takes.

@@ -1,30 +1,49 @@
 """An estimated step time from a roofline of the instance: an estimate, calibrated, never a measurement.
 
-Compute: training FLOPs (6 per parameter per token for forward and backward,
-plus attention's 12 x layers x sequence x heads x head_dim, plus one more
-forward under full recomputation) at the chip's dense BF16 or FP32 peak times
-an efficiency factor, or the HBM traffic of the weights at the chip's HBM
-bandwidth if that is slower; then AdamW's pass over the state, bound by HBM.
-Communication: each collective's ring traffic ((n-1)/n of the buffer, twice
-for an all-reduce) over the bandwidth of its scope: HBM inside a chip,
-NeuronLink inside an instance, EFA across instances. FSDP's gathers and
-reduce-scatters overlap with compute (FSDP2 prefetches); tensor-parallel
-all-reduces sit on the critical path. The efficiency factors are calibrated
-against AWS's published Trainium training results (docs/plan.md).
+Per micro-batch and pipeline stage:
+
+* compute: the stage's training FLOPs (6 per parameter per token for forward
+  and backward, attention's 12 x sequence x heads x head_dim per layer, the LM
+  head on the last stage, one more forward under full recomputation) split
+  over TP, at the chip's dense peak per core times ``COMPUTE_EFFICIENCY``, or
+  the stage's weights read three times at HBM bandwidth if that is slower.
+  Matmuls of an FP32 model run at the BF16 peak when the compiler casts them
+  (neuronx-cc's default ``--auto-cast matmult``; ``autocast="none"`` times
+  them at the FP32 peak);
+* tensor-parallel collectives and pipeline sends: on the critical path;
+* FSDP's gathers and reduce-scatters: overlapped with the micro-batch's
+  compute (FSDP2 prefetches), only the excess is exposed.
+
+A step is ``micro-batches + stages - 1`` slots of the slowest stage's
+micro-batch (1F1B: the pipeline fills and drains once per step), then the
+data-parallel gradient reduction (HSDP's all-reduce overlaps the last
+micro-batch's backward; ZeRO-1's reduce-scatter and parameter all-gather do
+not), then AdamW's pass over the state at HBM bandwidth.
+
+A collective's time is the sum over the links it crosses of the bytes each
+core moves there (``comm.level_bytes``: a hierarchical ring) over the core's
+share of that link's bandwidth (HBM inside a chip, NeuronLink per chip /
+cores per chip, EFA per instance / cores per instance: every core runs its
+own group's collective at once) times ``COMM_EFFICIENCY``.
+
+The two efficiency factors are fitted to AWS's published Trainium training
+results (``calibration.py``, docs/plan.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch_neuronx.tools.plan.comm import Collective
+from torch_neuronx.tools.plan.comm import Collective, level_bytes
 from torch_neuronx.tools.plan.layouts import Hardware, Layout
 from torch_neuronx.tools.plan.model import ModelSpec
 from torch_neuronx.tools.plan.precision import Precision
+from torch_neuronx.tools.plan.tensors import stage_layers
 
-# Fitted to AWS's Llama-3.1-8B result on 32 x trn1.32xlarge (docs/plan.md, "Calibration").
-COMPUTE_EFFICIENCY = 0.32
+# Fitted by torch_neuronx.tools.plan.calibration.fit on the rows marked "fitted" there (docs/plan.md).
+COMPUTE_EFFICIENCY = 0.33
 COMM_EFFICIENCY = 0.70  # share of the link bandwidth a ring collective attains
+AUTOCAST = ("matmult", "none")
 
 
 @dataclass(frozen=True)
@@ -34,24 +53,39 @@ class StepTime:
     exposed_comm: float  # the part that adds to the step
     total: float
     tokens_per_s: float
+    bubble: float = 0.0  # pipeline fill and drain
+    optimizer: float = 0.0
+    comm_by_scope: tuple[tuple[str, float], ...] = ()  # seconds per step, by links
 
-    def as_dict(self) -> dict[str, float]:
-        return {"compute": self.compute, "comm": self.comm, "exposed_comm": self.exposed_comm, "total": self.total,
-                "tokens_per_s": self.tokens_per_s}
+    def as_dict(self) -> dict[str, object]:
+        return {"compute": self.compute, "comm": self.comm, "exposed_comm": self.exposed_comm,
+                "pipeline_bubble": self.bubble, "optimizer": self.optimizer, "total": self.total,
+                "tokens_per_s": self.tokens_per_s, "comm_by_scope": dict(self.comm_by_scope)}
 
 
-def flops_per_token(m: ModelSpec, seq_len: int, checkpointing: str) -> float:
-    """Training FLOPs per token: forward + backward (3 forwards), + 1 forward if fully recomputed."""
-    active = m.total_params - (0 if m.tied_embeddings else m.embedding_params)  # the embedding is a lookup
-    if m.experts:  # only the routed experts run
-        active -= m.layers * (m.experts - m.experts_per_token) * 3 * m.hidden * m.expert_intermediate
-    forward = 2 * active + 4 * m.layers * seq_len * m.heads * m.head_dim
-    passes = {"none": 3.0, "selective": 3.0, "full": 4.0}[checkpointing]
-    return forward * passes
+def layer_flops_per_token(m: ModelSpec, seq_len: int, causal: bool = True) -> float:
+    """Forward FLOPs per token of one decoder layer (only the routed experts of an MoE layer run).
+
+    Attention's two matmuls (scores, weighted values) cost 4 x S x heads x head_dim per token over the whole
+    sequence; a causal kernel (flash attention, SDPA's is_causal) skips the masked half."""
+    mlp = m.mlp_params
+    if m.experts:
+        mlp = m.experts_per_token * 3 * m.hidden * m.expert_intermediate + m.hidden * m.experts
+    return 2 * (m.attention_params + mlp) + (2 if causal else 4) * seq_len * m.heads * m.head_dim
+
+
+def passes(checkpointing: str) -> float:
+    """Forward + backward = 3 forwards; +1 forward when every layer is recomputed."""
+    return {"none": 3.0, "selective": 3.0, "full": 4.0}[checkpointing]
+
+
+def flops_per_token(m: ModelSpec, seq_len: int, checkpointing: str, causal: bool = True) -> float:
+    """Training FLOPs per token of the whole model (the embedding is a lookup)."""
+    return passes(checkpointing) * (m.layers * layer_flops_per_token(m, seq_len, causal) + 2 * m.vocab * m.hidden)
 
 
 def link_bandwidth(hw: Hardware, where: str) -> float:
-    """Bytes per second one core gets on links of this scope."""
+    """Bytes per second one core gets on links of this scope when every core communicates at once."""
     chip = hw.instance.chip
     if where == "chip":
         return chip.hbm_bandwidth_gbps * 1e9 / hw.cores_per_chip
@@ -60,26 +94,83 @@ def link_bandwidth(hw: Hardware, where: str) -> float:
     return hw.instance.efa_gbps / 8 * 1e9 / hw.cores_per_instance
 
 
-def collective_seconds(c: Collective, hw: Hardware) -> float:
-    n = c.group_size
-    # a ring all-reduce is a reduce-scatter then an all-gather: the buffer crosses the links twice
-    traffic = c.bytes * (n - 1) / n * (2 if c.collective.startswith("all_reduce") else 1)
-    return traffic / (link_bandwidth(hw, c.scope) * COMM_EFFICIENCY)
+def collective_split(c: Collective, hw: Hardware, comm_efficiency: float | None = None) -> dict[str, float]:
+    """Seconds of collective `c` (all its calls in the step) on each kind of link."""
+    eff = COMM_EFFICIENCY if comm_efficiency is None else comm_efficiency
+    return {where: b / (link_bandwidth(hw, where) * eff) for where, b in level_bytes(c.collective, c.bytes,
+                                                                                     c.levels).items() if b}
+
+
+def collective_seconds(c: Collective, hw: Hardware, comm_efficiency: float | None = None) -> float:
+    return sum(collective_split(c, hw, comm_efficiency).values())
+
+
+def core_peak(hw: Hardware, prec: Precision, autocast: str) -> float:
+    """Dense matmul FLOP/s of one core: BF16 when the model computes in BF16 or the compiler casts FP32 matmuls."""
+    chip = hw.instance.chip
+    bf16 = prec.bf16_compute or autocast == "matmult"
+    return (chip.bf16_tflops if bf16 else chip.fp32_tflops) * 1e12 / hw.cores_per_chip
+
+
+def stage_compute(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, micro_batch: int, seq_len: int,
+                  checkpointing: str, stage: int, autocast: str, efficiency: float, causal: bool = True) -> float:
+    """Seconds of one micro-batch's forward and backward on a core of pipeline stage `stage`."""
+    tokens = micro_batch * seq_len
+    layers = stage_layers(m.layers, layout.pp, stage)
+    fwd = layers * layer_flops_per_token(m, seq_len, causal) + (2 * m.vocab * m.hidden if stage == layout.pp - 1 else 0)
+    flops = tokens * fwd * passes(checkpointing) / layout.tp
+    hbm = hw.instance.chip.hbm_bandwidth_gbps * 1e9 / hw.cores_per_chip
+    params = layers * m.layer_params + (m.embedding_params if stage == layout.pp - 1 else 0)
+    weight_traffic = 3 * params / layout.tp * prec.compute  # weights read in forward and twice in backward
+    return max(flops / (core_peak(hw, prec, autocast) * efficiency), weight_traffic / hbm)
 
 
 def step_time(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, global_batch: int, seq_len: int,
-              micro_steps: int, comms: list[Collective], checkpointing: str, state_bytes: int) -> StepTime:
-    """The estimated time of one optimizer step of `global_batch` sequences; `state_bytes`: per-core weight state."""
-    chip = hw.instance.chip
-    peak = (chip.bf16_tflops if prec.bf16_compute else chip.fp32_tflops) * 1e12 / hw.cores_per_chip
-    hbm = chip.hbm_bandwidth_gbps * 1e9 / hw.cores_per_chip
+              micro_steps: int, stage_comms: dict[int, list[Collective]], checkpointing: str, optimizer_bytes: int,
+              *, micro_batch: int = 1, autocast: str = "matmult", zero1: bool = False,
+              compute_efficiency: float | None = None, comm_efficiency: float | None = None,
+              causal: bool = True) -> StepTime:
+    """The estimated time of one optimizer step of `global_batch` sequences.
+
+    `stage_comms`: the collectives of a core of each pipeline stage considered (the first and the last);
+    `optimizer_bytes`: what AdamW reads and writes per core."""
+    eff = COMPUTE_EFFICIENCY if compute_efficiency is None else compute_efficiency
+    hbm = hw.instance.chip.hbm_bandwidth_gbps * 1e9 / hw.cores_per_chip
+    slot = compute_mb = 0.0
+    comm_total = exposed_step = 0.0
+    by_scope: dict[str, float] = {}
+    per_stage_step_comm: list[float] = []
+    for stage, comms in stage_comms.items():
+        c_mb = stage_compute(m, hw, layout, prec, micro_batch, seq_len, checkpointing, stage, autocast, eff, causal)
+        critical = overlapped = 0.0
+        step_level = 0.0
+        stage_comm = 0.0
+        for c in comms:
+            split = collective_split(c, hw, comm_efficiency)
+            t = sum(split.values())
+            stage_comm += t
+            if stage == min(stage_comms):
+                for k, v in split.items():
+                    by_scope[k] = by_scope.get(k, 0.0) + v
+            if not c.per_micro_batch:
+                # HSDP's all-reduce overlaps the last micro-batch's backward (2/3 of its compute); ZeRO-1's does not
+                step_level += t if zero1 else max(0.0, t - c_mb * 2 / 3)
+            elif c.group in ("tp", "pp"):
+                critical += t / micro_steps
+            else:
+                overlapped += t / micro_steps
+        s = c_mb + critical + max(0.0, overlapped - c_mb)
+        if s > slot:
+            slot, compute_mb = s, c_mb
+        per_stage_step_comm.append(step_level)
+        comm_total = max(comm_total, stage_comm)
+    exposed_step = max(per_stage_step_comm)
+    slots = micro_steps + layout.pp - 1
+    optimizer = 4 * optimizer_bytes / hbm
+    total = slots * slot + exposed_step + optimizer
+    compute = micro_steps * compute_mb
+    bubble = (layout.pp - 1) * slot
+    exposed = total - compute - bubble - optimizer
     tokens = global_batch * seq_len
-    flops = tokens * flops_per_token(m, seq_len, checkpointing) / layout.world
-    weight_traffic = 3 * micro_steps * m.total_params / layout.tp * prec.compute  # read weights fwd, bwd x2
-    compute = max(flops / (peak * COMPUTE_EFFICIENCY), weight_traffic / hbm) + 4 * state_bytes / hbm
-    comm_times = [(c, collective_seconds(c, hw)) for c in comms]
-    comm = sum(t for _, t in comm_times)
-    overlapped = sum(t for c, t in comm_times if c.group in ("fsdp", "dp"))
-    exposed = comm - overlapped + max(0.0, overlapped - compute)
-    total = compute + exposed
-    return StepTime(compute, comm, exposed, total, tokens / total)
+    return StepTime(compute, comm_total, max(0.0, exposed), total, tokens / total, bubble, optimizer,
+                    tuple(sorted(by_scope.items())))
