@@ -4,9 +4,12 @@ without faults (the repository's examples, a Hugging Face model directory) passi
 from __future__ import annotations
 
 import json
+import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,9 @@ from torch_neuronx.tools.check.verdicts import LAYERS
 
 REPO = Path(__file__).resolve().parents[2]
 FAULTS = Path(__file__).with_name("check_faults.py")
+JOBS = Path(__file__).with_name("check_jobs.py")
+# The jobs that test the checker's handling of processes and ranks, not the device, run on CPU (gloo).
+DIST_DEVICE = "cpu"
 
 
 def run_check(tmp_path: Path, command: list[str], **kwargs: Any) -> dict[str, Any]:
@@ -34,6 +40,10 @@ def evidence(doc: dict[str, Any], layer: str, verdict: str, check_name: str) -> 
 
 def fault(tmp_path: Path, name: str, reference: bool = True) -> list[str]:
     return [str(FAULTS), name, "{device}" if reference else "neuron", str(tmp_path)]
+
+
+def job(tmp_path: Path, name: str, device: str = "{device}") -> list[str]:
+    return [str(JOBS), name, device, str(tmp_path)]
 
 
 def test_a_shape_that_changes_every_step_fails_compilation(tmp_path: Path) -> None:
@@ -111,15 +121,58 @@ def test_a_mesh_smaller_than_the_world_fails_distribution(tmp_path: Path) -> Non
     assert found[0]["shape"] == [1] and "ranks [1] are outside it" in found[0]["message"]
 
 
+def _alive(tmp_path: Path) -> list[int]:
+    """The processes the job recorded (tmp_path/pids.*) that still exist and are not zombies."""
+    pids = [int(p) for f in tmp_path.glob("pids.*") for p in f.read_text().split()]
+    assert pids, "the job recorded no process"
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
+
+
 def test_a_hanging_job_is_a_reported_failure_not_a_hung_checker(tmp_path: Path) -> None:
-    script = tmp_path / "hang.py"
-    script.write_text("import time, torch\nx = torch.nn.Linear(2, 2).to('neuron')\n"
-                      "opt = torch.optim.SGD(x.parameters(), lr=0.1)\nx(torch.ones(1, 2, device='neuron')).sum()"
-                      ".backward()\nopt.step()\nprint('stuck', flush=True)\ntime.sleep(600)\n")
-    doc = run_check(tmp_path, [str(script)], timeout=25)
+    # The job hangs after one step, with a helper in a session of its own (as torchrun starts its ranks).
+    doc = run_check(tmp_path, job(tmp_path, "hang"), timeout=25)
     [e] = evidence(doc, "operations", "fail", "hang")
     assert "25 s deadline" in e["message"] and "step 1" in e["message"] and "stuck" in e["log_tail"]
     assert doc["run"]["timed_out"] and doc["run"]["seconds"] < 40
+    assert _alive(tmp_path) == []  # the job and the helper it started in another session
+    [ref] = evidence(doc, "correctness", "warn", "reference")  # {device} was there: the reason is the timeout
+    assert ref["message"].startswith("reference skipped: the job timed out") and doc["reference"] is None
+
+
+def test_a_hung_rank_under_torchrun_is_killed_with_every_peer(tmp_path: Path) -> None:
+    # torchrun starts each rank in its own session: killing the agent's process group left them running.
+    doc = run_check(tmp_path, job(tmp_path, "hang_rank", DIST_DEVICE), nproc_per_node=2, timeout=40)
+    assert {e["rank"] for e in evidence(doc, "operations", "fail", "hang")} == {0, 1}
+    assert len(list(tmp_path.glob("pids.*"))) == 2 and _alive(tmp_path) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_checker_kills_the_job(tmp_path: Path, sig: signal.Signals) -> None:
+    checker = subprocess.Popen([sys.executable, "-m", "torch_neuronx", "check", "--no-progress", "--out",
+                                str(tmp_path / "out"), "--", *job(tmp_path, "hang", "neuron")], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):  # until the job is running (its helper started)
+            if list(tmp_path.glob("pids.*")) or checker.poll() is not None:
+                break
+            time.sleep(0.2)
+        assert checker.poll() is None, checker.communicate()
+        checker.send_signal(sig)
+        out, err = checker.communicate(timeout=60)
+    finally:
+        if checker.poll() is None:
+            checker.kill()
+    assert checker.returncode == 128 + sig, (out, err)
+    assert f"stopped by {sig.name}" in err and "every process of the job was killed" in err
+    assert _alive(tmp_path) == []
 
 
 def test_train_tiny_passes_all_four_layers(tmp_path: Path) -> None:
@@ -144,7 +197,7 @@ def test_a_hugging_face_model_directory_passes(tmp_path: Path) -> None:
     records = {e["name"]: e for e in evidence(doc, "correctness", "pass", "record")}
     assert set(records) == {"probe_logits", "generated_0", "generated_1", "generated_2"}
     assert all(e["max_abs_diff"] == 0 for e in records.values())  # greedy tokens and fp32 logits, exactly
-    [ckpt] = evidence(doc, "correctness", "pass", "checkpoint")
+    [ckpt] = [e for e in evidence(doc, "correctness", "pass", "checkpoint") if "logits" in e["message"]]
     assert "gives the trained model's logits" in ckpt["message"]
     # 4 SFT steps (eager) and 3 generate calls; the static-cache decode graph compiles in the first one only.
     assert len(doc["steps"]) == 7 and doc["ranks"][0]["warmup_steps"] == 5
@@ -242,7 +295,7 @@ def test_markers_do_nothing_without_the_checker() -> None:
     assert probe.active() is None
 
 
-def _events(tmp_path: Path, steps: list[dict[str, Any]]) -> Any:
+def _events(tmp_path: Path, steps: list[dict[str, Any]], end: dict[str, Any] | None = None) -> Any:
     from torch_neuronx.tools.check.results import read_run
     from torch_neuronx.tools.check.run import Side
 
@@ -251,7 +304,7 @@ def _events(tmp_path: Path, steps: list[dict[str, Any]]) -> Any:
     lines = [{"e": "start", "t": 0.0, "launched": 0.0}, {"e": "first_forward", "t": 1.0}]
     lines += [{"e": "step", "t": 2.0 + i, "i": i, "loss": 1.0, "losses": [1.0], "finite": True, **s}
               for i, s in enumerate(steps)]
-    lines.append({"e": "end", "t": 99.0, "compile": {"functions": {}, "graphs": 1}, "wrappers": []})
+    lines.append({"e": "end", "t": 99.0, "compile": {"functions": {}, "graphs": 1}, "wrappers": [], **(end or {})})
     (events / "rank0.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n{\"e\": \"st")  # a cut line
     return Side("neuron", ["job"], ranks=read_run(events))
 
@@ -270,3 +323,241 @@ def test_steady_state_starts_after_the_last_compilation(tmp_path: Path, recompil
     assert compilation(side, Thresholds(warmup_steps=2)).verdict == verdict
     st = run.step_time()
     assert (st is None) == (recompile_at == 5) and (st is None or st["p50"] == 1.0)
+
+
+# ------------------------------------------------------------------ issue 21: never pass what was not compared
+def test_a_vector_loss_with_8x_the_gradient_on_neuron_fails(tmp_path: Path) -> None:
+    # backward(gradient) on a non-scalar root: the loss is sum(root x gradient), 8x on neuron.
+    doc = run_check(tmp_path, job(tmp_path, "vector_loss"))
+    [e] = evidence(doc, "correctness", "fail", "loss_vs_reference")
+    assert e["step"] == 0
+    steps = doc["steps"]
+    assert steps[0]["loss"] == pytest.approx(8 * steps[0]["reference_loss"], rel=1e-5)
+    assert evidence(doc, "correctness", "fail", "parameters_vs_reference")
+
+
+def test_doubled_gradients_from_autograd_grad_on_neuron_fail(tmp_path: Path) -> None:
+    doc = run_check(tmp_path, job(tmp_path, "autograd_grad"))
+    [e] = evidence(doc, "correctness", "fail", "loss_vs_reference")
+    assert e["step"] == 0 and doc["steps"][0]["loss"] == pytest.approx(2 * doc["steps"][0]["reference_loss"])
+    [finite] = evidence(doc, "correctness", "pass", "finite_loss")
+    assert "from grad" in finite["message"]
+
+
+def test_a_job_whose_loss_is_never_seen_warns_instead_of_passing(tmp_path: Path) -> None:
+    doc = run_check(tmp_path, job(tmp_path, "no_loss", "neuron"))
+    [e] = evidence(doc, "correctness", "warn", "loss")
+    assert e["message"].startswith("no loss was seen: correctness not compared")
+    assert not evidence(doc, "correctness", "pass", "finite_loss")  # no "every loss is finite" over no loss
+
+
+def test_no_optimizer_step_can_fire(tmp_path: Path) -> None:
+    from torch_neuronx.tools.check.verdicts import Thresholds, correctness
+
+    side = _events(tmp_path, [{"final": True}], end={"optimizer_steps": 0, "markers": 0})
+    [e] = [x for x in correctness(side, None, [], Thresholds()).evidence if x["check"] == "steps"]
+    assert e["verdict"] == "warn" and e["message"].startswith("no optimizer step was seen")
+
+
+def test_a_clean_job_with_dropout_passes(tmp_path: Path) -> None:
+    # Dropout masks on neuron draw from the CPU generator under the checker (tools/check/rng.py).
+    doc = run_check(tmp_path, job(tmp_path, "dropout"))
+    assert {k: v["verdict"] for k, v in doc["layers"].items()} == dict.fromkeys(LAYERS, "pass"), report.text(doc)
+    [e] = evidence(doc, "correctness", "pass", "loss_vs_reference")
+    assert e["max_abs_diff"] < 1e-6
+
+
+def test_a_clean_ddp_job_with_dropout_passes(tmp_path: Path) -> None:
+    doc = run_check(tmp_path, job(tmp_path, "ddp_dropout"), nproc_per_node=2)
+    assert {k: v["verdict"] for k, v in doc["layers"].items()} == dict.fromkeys(LAYERS, "pass"), report.text(doc)
+    assert {e["rank"] for e in evidence(doc, "correctness", "pass", "loss_vs_reference")} == {0, 1}
+    assert evidence(doc, "distribution", "pass", "replicas")
+
+
+@pytest.fixture(scope="module")
+def checkpoints_doc(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    tmp_path = tmp_path_factory.mktemp("checkpoints")
+    return tmp_path, run_check(tmp_path, job(tmp_path, "checkpoints"))
+
+
+def _checkpoint(doc: dict[str, Any], verdict: str, path: str) -> dict[str, Any]:
+    [e] = [e for e in evidence(doc, "correctness", verdict, "checkpoint") if e["path"].endswith(path)]
+    return e
+
+
+def test_a_checkpoint_without_tensors_holding_a_neuron_device_fails(checkpoints_doc: Any) -> None:
+    tmp_path, doc = checkpoints_doc
+    e = _checkpoint(doc, "fail", "tensorless.pt")
+    assert "does not load on CPU without torch_neuronx" in e["message"] and "neuron" in e["message"]
+
+
+def test_a_checkpoint_written_through_a_file_object_fails(checkpoints_doc: Any) -> None:
+    tmp_path, doc = checkpoints_doc
+    assert "does not load on CPU" in _checkpoint(doc, "fail", "fileobj.pt")["message"]
+    buffer = [e for e in evidence(doc, "correctness", "fail", "checkpoint") if "through a buffer" in e["message"]]
+    assert len(buffer) == 1  # torch.save into io.BytesIO: the probe kept the bytes, the loader refused them
+
+
+def test_safetensors_outside_the_working_directory_are_checked(checkpoints_doc: Any) -> None:
+    tmp_path, doc = checkpoints_doc
+    assert "holds exactly the values saved" in _checkpoint(doc, "pass", "elsewhere/w.safetensors")["message"]
+
+
+def test_the_reference_run_does_not_overwrite_the_jobs_files(checkpoints_doc: Any) -> None:
+    import torch
+    from safetensors import safe_open
+
+    tmp_path, doc = checkpoints_doc
+    assert doc["reference"] is not None and doc["reference"]["returncode"] == 0
+    assert torch.load(tmp_path / "marked.pt")["by"] == "neuron"
+    with safe_open(str(tmp_path / "elsewhere" / "w.safetensors"), "pt") as f:
+        assert f.metadata() == {"by": "neuron"}
+    kept = list((tmp_path / "check" / "reference-files").rglob("marked.pt"))
+    assert len(kept) == 1 and torch.load(kept[0])["by"] == "cpu"  # the reference's own, kept aside
+
+
+def test_memory_that_grows_every_step_warns_with_the_projected_oom(tmp_path: Path) -> None:
+    doc = run_check(tmp_path, job(tmp_path, "leak", "neuron"), env={"TORCH_NEURONX_HBM_PER_CORE": "64MiB"})
+    [e] = evidence(doc, "operations", "warn", "memory_growth")
+    assert e["bytes_per_step"] == pytest.approx(256 * 1024, rel=0.05)
+    last = max(s["step"] for s in doc["steps"])
+    allocated = doc["steps"][-1]["memory"][0]["allocated"]
+    assert e["projected_oom_step"] == last + math.ceil(((64 << 20) - allocated) / e["bytes_per_step"])
+
+
+def test_an_oom_is_an_operations_failure_not_a_divergence(tmp_path: Path) -> None:
+    doc = run_check(tmp_path, job(tmp_path, "oom"), env={"TORCH_NEURONX_HBM_PER_CORE": "32MiB"})
+    assert evidence(doc, "operations", "fail", "oom")
+    assert doc["layers"]["correctness"]["verdict"] == "pass", report.text(doc)
+    [e] = evidence(doc, "correctness", "pass", "loss_vs_reference")
+    assert "3 losses" in e["message"]  # the steps made before the OOM, compared
+
+
+def test_replicas_that_drift_apart_fail_distribution(tmp_path: Path) -> None:
+    doc = run_check(tmp_path, job(tmp_path, "replica_drift", DIST_DEVICE), nproc_per_node=2)
+    [e] = evidence(doc, "distribution", "fail", "replicas")
+    assert e["step"] == 0 and e["ranks"] == [1]
+
+
+def test_the_first_rank_to_stop_is_blamed_not_the_survivor(tmp_path: Path) -> None:
+    # Rank 1 leaves with exit code 0 after 2 steps; rank 0 then fails with gloo's "Connection closed by peer".
+    doc = run_check(tmp_path, job(tmp_path, "early_exit", DIST_DEVICE), nproc_per_node=2)
+    [e] = evidence(doc, "operations", "fail", "first_stop")
+    assert e["rank"] == 1 and "exited normally (code 0)" in e["message"] and "ranks [0] failed after it" in \
+        e["message"]
+    assert doc["layers"]["operations"]["evidence"][0]["check"] == "first_stop"
+
+
+# ------------------------------------------------------------------ issue 21: refuse bad input before running
+@pytest.mark.parametrize("field,value", [("loss_atol", math.nan), ("loss_rtol", -1e-3), ("memory_warn", 0.0),
+                                         ("max_shapes", 0), ("warmup_steps", -1), ("max_startup_s", math.inf)])
+def test_absurd_thresholds_are_refused(field: str, value: float) -> None:
+    from torch_neuronx.tools.check.config import Thresholds
+
+    with pytest.raises(ValueError, match="give"):
+        Thresholds(**{field: value}).validate()
+    Thresholds(loss_atol=0.0, loss_rtol=0.0).validate()  # exact comparison is a meaningful choice
+
+
+@pytest.mark.parametrize("timeout", [math.nan, -5.0, 0.0, math.inf])
+def test_absurd_timeouts_are_refused(tmp_path: Path, timeout: float) -> None:
+    with pytest.raises(ValueError, match="--timeout"):
+        CheckConfig(command=[str(JOBS)], timeout=timeout, out_dir=tmp_path / "o").validate()
+
+
+def test_bad_values_and_paths_exit_2_before_anything_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from torch_neuronx.tools.cli import main
+
+    monkeypatch.chdir(tmp_path)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:  # in this process: the same main() as the command
+        code = main(["check", *args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+
+    the_job = job(tmp_path, "dropout", "neuron")
+    r = cli("--loss-atol", "nan", "--", *the_job)
+    assert r.returncode == 2 and "--loss-atol nan: give a finite number" in r.stderr
+    r = cli("--timeout", "0", "--", *the_job)
+    assert r.returncode == 2 and "--timeout 0.0: give a positive" in r.stderr
+    (tmp_path / "afile").write_text("x")
+    r = cli("--out", str(tmp_path / "afile"), "--", *the_job)
+    assert r.returncode == 2 and "that is a file" in r.stderr and "Traceback" not in r.stderr
+    r = cli("--json", str(tmp_path / "missing" / "c.json"), "--", *the_job)
+    assert r.returncode == 2 and "--json" in r.stderr and "does not exist" in r.stderr
+    r = cli("--html", str(tmp_path / "missing" / "c.html"), "--", *the_job)
+    assert r.returncode == 2 and "--html" in r.stderr and "does not exist" in r.stderr
+    r = cli("--reference", "--", *the_job)
+    assert r.returncode == 2 and "--reference was given but no job" in r.stderr
+    assert not (tmp_path / "neuronx-check").exists()  # nothing ran
+
+
+# ------------------------------------------------------------------ issue 21: blame the right thing
+def test_recompilations_are_attributed_to_the_function_that_recompiled(tmp_path: Path) -> None:
+    from torch_neuronx.tools.check.probe import Probe
+
+    probe = Probe(str(tmp_path / "ev"))
+    g0 = {"function": "g", "changed": [{"input": "x"}], "reason": "x: 1 -> 2"}
+    f0 = {"function": "f", "changed": [{"input": "x"}], "reason": "x dim 0: 5 -> 6"}
+    assert probe._new_recompiles([g0]) == [{"function": "g", "reason": "x: 1 -> 2"}]
+    # The metrics list recompilations grouped by function: f's new one comes before g's old one.
+    assert probe._new_recompiles([f0, g0]) == [{"function": "f", "reason": "x dim 0: 5 -> 6"}]
+    assert probe._new_recompiles([f0, g0]) == []
+
+
+def test_an_input_that_became_dynamic_is_named(tmp_path: Path) -> None:
+    from torch_neuronx.tools.check.probe import Probe
+
+    probe = Probe(str(tmp_path / "ev"))
+    guard = ("0/0: scale == 2                                                   # return x * scale  # t.py:5 in f\n"
+             "User stack trace:\n  File \"t.py\", line 5, in f\n    return x * scale")
+    first = {"function": "f", "changed": [], "reason": guard, "dynamo_reason": guard}
+    later = {"function": "f", "changed": [], "reason": "guard failure (not a shape change)", "dynamo_reason": None}
+    [a] = probe._new_recompiles([first])
+    assert a["reason"] == "`scale` changed (guard `scale == 2` failed)"
+    [b] = probe._new_recompiles([first, later])
+    assert b["reason"].startswith("`scale` became dynamic after the guard `scale == 2` failed")
+
+
+def test_shared_types_sit_below_run_and_verdicts() -> None:
+    import ast
+
+    import torch_neuronx.tools.check as pkg
+
+    def imports(name: str) -> set[str]:
+        tree = ast.parse((Path(pkg.__file__).parent / f"{name}.py").read_text())
+        found = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        found |= {f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+                  for a in n.names}
+        return {m.rsplit(".", 1)[-1] for m in found if m.startswith("torch_neuronx.tools.check")}
+
+    assert "run" not in imports("verdicts") and not {"run", "verdicts"} & imports("config")
+    from torch_neuronx.tools.check import config, run, verdicts
+
+    assert run.CheckConfig is config.CheckConfig and verdicts.Thresholds is config.Thresholds
+
+
+def test_a_rank_aborted_in_cpp_is_blamed_from_torchruns_record(tmp_path: Path) -> None:
+    # Rank 1 aborts in C++ (no Python exception, no end event) after step 1; rank 0 then fails on the closed
+    # connection. torchrun's summary table says how rank 1 ended.
+    from torch_neuronx.tools.check.results import read_run
+    from torch_neuronx.tools.check.run import Side, torchrun_exits
+    from torch_neuronx.tools.check.verdicts import Thresholds, operations
+
+    events = tmp_path / "ev"
+    events.mkdir()
+    for rank, lines in {
+        0: [{"e": "step", "t": 10.0, "i": 0}, {"e": "step", "t": 11.0, "i": 1},
+            {"e": "error", "t": 30.0, "type": "builtins.RuntimeError", "message": "Connection closed by peer"}],
+        1: [{"e": "step", "t": 10.0, "i": 0}, {"e": "step", "t": 11.0, "i": 1}],
+    }.items():
+        start = {"e": "start", "t": 1.0, "launched": 0.0}
+        (events / f"rank{rank}.jsonl").write_text("\n".join(json.dumps(x) for x in [start, *lines]) + "\n")
+    agent = ("Root Cause (first observed failure):\n[0]:\n  time      : 2026-12-04_09:30:09\n  host      : h\n"
+             "  rank      : 1 (local_rank: 1)\n  exitcode  : -6 (pid: 4242)\n  error_file: <N/A>\n"
+             "  traceback : Signal 6 (SIGABRT) received by PID 4242\n")
+    side = Side("neuron", ["job"], returncode=1, ranks=read_run(events), agent_log=agent, exits=torchrun_exits(agent))
+    assert side.exits == {1: {"exitcode": -6, "time": "2026-12-04_09:30:09", "signal": "SIGABRT"}}
+    [e] = [x for x in operations(side, Thresholds(), 60).evidence if x["check"] == "first_stop"]
+    assert e["rank"] == 1 and "killed by SIGABRT" in e["message"] and "ranks [0] failed after it" in e["message"]

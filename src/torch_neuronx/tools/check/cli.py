@@ -10,11 +10,12 @@ EPILOG = """examples:
   torch-neuronx check -- train.py --device {device}          # reference: the same command on cpu
   torch-neuronx check --nproc-per-node 4 --json check.json -- train.py
   torch-neuronx check --hf-model ./my-model --task sft
-exit code: 0 when no layer fails, 1 when one does, 2 for bad arguments."""
+exit code: 0 when no layer fails, 1 when one does, 2 for bad arguments (refused before anything runs),
+128 + N when stopped by signal N (the job is killed first)."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from torch_neuronx.tools.check.verdicts import Thresholds
+    from torch_neuronx.tools.check.config import Thresholds
 
     th = Thresholds()
     p = subparsers.add_parser("check", help="run a job on the emulated device and on a reference path, and judge "
@@ -60,34 +61,45 @@ def _split(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from torch_neuronx.tools.check import report
-    from torch_neuronx.tools.check.run import CheckConfig, check
-    from torch_neuronx.tools.check.verdicts import Thresholds
+    from torch_neuronx.tools.check import procs, report
+    from torch_neuronx.tools.check.config import CheckConfig, Thresholds, check_writable_file
+    from torch_neuronx.tools.check.run import check
 
     command, reference = _split(args.job)
     if args.reference:
         reference = _split(args.reference)[0]
-    cfg = CheckConfig(command=command, reference=reference, nproc_per_node=args.nproc_per_node,
-                      reference_nproc_per_node=args.reference_nproc_per_node,
-                      instance=args.instance, hf_model=args.hf_model, task=args.task, out_dir=Path(args.out),
-                      timeout=args.timeout, checkpoints=args.checkpoint, progress=not args.no_progress,
-                      thresholds=Thresholds(args.loss_rtol, args.loss_atol, args.warmup_steps, args.max_shapes,
-                                            args.memory_warn, args.max_startup))
     try:
+        if args.reference is not None and not args.reference:  # `check --reference -- ref.py`: argparse put
+            raise ValueError("--reference was given but no job: put the job first, then the reference, e.g. "
+                             "`torch-neuronx check -- train.py --reference -- ref.py`")  # ref.py in the job
+        cfg = CheckConfig(command=command, reference=reference, nproc_per_node=args.nproc_per_node,
+                          reference_nproc_per_node=args.reference_nproc_per_node,
+                          instance=args.instance, hf_model=args.hf_model, task=args.task, out_dir=Path(args.out),
+                          timeout=args.timeout, checkpoints=args.checkpoint, progress=not args.no_progress,
+                          thresholds=Thresholds(args.loss_rtol, args.loss_atol, args.warmup_steps, args.max_shapes,
+                                                args.memory_warn, args.max_startup))
+        cfg.validate()
+        for flag, path in (("--json", args.json), ("--html", args.html)):
+            if path:
+                check_writable_file(flag, path)
+        if args.html:
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                raise ValueError("--html: the HTML report's plots need matplotlib: pip install "
+                                 "'torch-neuronx[report]'") from None
         doc = check(cfg)
     except ValueError as e:
         print(f"torch-neuronx check: {e}", file=sys.stderr)
         return 2
+    except procs.Interrupted as e:
+        print(f"torch-neuronx check: {e}; every process of the job was killed", file=sys.stderr)
+        return 128 + e.signum
     print(report.text(doc))
     if args.json:
         report.write_json(doc, args.json)
         print(f"\nJSON report: {args.json}")
     if args.html:
-        try:
-            report.write_html(doc, args.html)
-            print(f"HTML report: {args.html}")
-        except ImportError:
-            print("torch-neuronx check: the HTML report's plots need matplotlib: pip install 'torch-neuronx[report]'",
-                  file=sys.stderr)
-            return 2
+        report.write_html(doc, args.html)
+        print(f"HTML report: {args.html}")
     return 1 if doc["verdict"] == "fail" else 0

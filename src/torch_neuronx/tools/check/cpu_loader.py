@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import sys
 from typing import Any
 
@@ -54,6 +55,10 @@ def _describe(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     return {"tensors": {k: tensor_digest(t) for k, t in tensors.items()}, "nonfinite": nonfinite}
 
 
+class PickledObjectError(Exception):
+    """A file of pickled Python objects (not loadable with weights_only=True) that does not unpickle here."""
+
+
 def load_torch(path: str) -> dict[str, Any]:
     locations: set[str] = set()
 
@@ -61,8 +66,24 @@ def load_torch(path: str) -> dict[str, Any]:
         locations.add(location.split(":")[0])
         return storage
 
-    obj = torch.load(path, map_location=where, weights_only=True)
-    return {**_describe(flat_tensors(obj)), "saved_from": sorted(locations)}
+    note = None
+    try:
+        obj = torch.load(path, map_location=where, weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "Weights only load failed" not in str(e):
+            raise
+        # Python objects outside the weights-only allowlist (a trainer's arguments): a file the job wrote
+        # itself, loaded in this throw-away process the way its own code would (weights_only=False).
+        try:
+            obj = torch.load(path, map_location=where, weights_only=False)
+        except Exception as full:
+            raise PickledObjectError(f"{type(full).__name__}: {full}") from full
+        note = "loads only with weights_only=False (it pickles Python objects: " + \
+            str(e).split("Unsupported global: ")[-1].split("\n")[0][:200].strip() + ")"
+    out = {**_describe(flat_tensors(obj)), "saved_from": sorted(locations), "object": type(obj).__name__}
+    if note:
+        out["note"] = note
+    return out
 
 
 def load_safetensors(path: str) -> dict[str, Any]:
@@ -72,11 +93,16 @@ def load_safetensors(path: str) -> dict[str, Any]:
 
 
 def load_hf(path: str, probe_ids: list[int] | None) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModel, AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        causal = True
+    except ValueError:  # not a causal LM (an encoder, a classifier): its base model
+        model = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
+        causal = False
     out = _describe(dict(model.state_dict()))
-    if probe_ids:
+    if probe_ids and causal:
         ids = torch.tensor([probe_ids]) % model.config.vocab_size
         with torch.no_grad():
             out["probe_logits"] = model(ids).logits.float().tolist()
@@ -96,6 +122,8 @@ def main() -> None:
             else:
                 found = load_torch(path)
             report[path] = {"ok": True, **found}
+        except PickledObjectError as e:  # not a checkpoint a portable loader reads: a pickled Python object
+            report[path] = {"ok": False, "pickled_object": True, "error": str(e)[:1500]}
         except Exception as e:  # every failure is the finding, reported with its message
             report[path] = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:1500]}"}
     report["_neuron_loaded"] = "torch_neuronx" in sys.modules and sys.modules["torch_neuronx"] is not None

@@ -8,9 +8,14 @@ this module is never imported: the job pays nothing.
 Each process appends JSON lines to ``<dir>/rank<R>.jsonl``: ``start``, one
 ``step`` per optimizer step (or per :func:`torch_neuronx.check.step` marker,
 which takes over once used), ``record`` (values the job asks to compare),
-``save`` (what ``torch.save`` wrote, with a digest of every tensor),
+``save`` (what ``torch.save`` or safetensors wrote, with a digest of every tensor; a buffer's bytes are
+kept beside the events so that they can be loaded too), ``rng`` (random draws that could not follow the
+CPU's stream, tools/check/rng.py),
 ``mesh`` (each root DeviceMesh built), ``error`` (an uncaught exception) and
-``end``. A step carries the losses backward started from, the top-level
+``end``. A step carries the losses (every autograd root: ``backward`` on a scalar, or on
+a tensor with its gradient as sum(root x gradient); ``torch.autograd.grad``'s
+outputs likewise; or the ``check.step(loss)`` marker's), a digest of the
+optimizer's parameters (per-tensor norms; replicas must agree), the top-level
 modules' output shapes, tokens and examples fed, device memory of the
 process's cores, compilations (with reasons), graph breaks, CPU-fallback ops
 and collective bytes, each as the change since the previous step. The
@@ -21,6 +26,8 @@ launcher reads the files while the job runs (progress) and after it
 from __future__ import annotations
 
 import atexit
+import hashlib
+import io
 import json
 import os
 import sys
@@ -111,6 +118,16 @@ class Probe:
         self._capacity: dict[int, int] = {}
         self._cores: set[int] = set()
         self._ended = False
+        self._optimizer_steps = 0
+        self._markers = 0
+        self._loss_sources: set[str] = set()
+        self._params: dict[str, Any] | None = None
+        self._recompiles_seen: dict[str, int] = {}
+        self._dynamo_seen: dict[str, str] = {}
+        self._buffers = 0
+        self._directory = directory
+        self._wrappers: list[dict[str, Any]] = []  # described at the step a model first ran: it may be gone at exit
+        self._described = 0
 
     # ------------------------------------------------------------ events
     def emit(self, kind: str, **data: Any) -> None:
@@ -147,14 +164,20 @@ class Probe:
         if len(self._shapes) < 16:
             self._shapes.append({"module": type(module).__name__, "output": _shapes(out)})
 
-    def on_backward(self, tensors: Any) -> None:
-        if torch.compiler.is_compiling():
+    def on_backward(self, roots: Any, gradients: Any, source: str = "backward") -> None:
+        """A backward pass or ``autograd.grad`` starts from `roots` (with `gradients`, None for scalars): its loss
+        is sum(root x gradient) over the roots, the scalar whose gradient the call computes. Calls made by
+        autograd itself (a checkpoint's recomputation) are not losses."""
+        if torch.compiler.is_compiling() or torch._C._current_autograd_node() is not None or _tracing():
+            return  # Dynamo, AOTAutograd's joint graph (autograd.grad on fake tensors), or autograd itself
+        try:
+            loss = _weighted_root(roots, gradients)
+        except Exception as e:  # a measurement that fails is reported, never raised into the job
+            self.emit("probe_error", where=source, message=f"{type(e).__name__}: {e}")
             return
-        root = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
-        if isinstance(root, torch.Tensor) and root.numel() == 1:
-            if hasattr(root, "to_local") and type(root) is not torch.Tensor:
-                root = root.to_local()  # never a collective: the probe must not change the job's communication
-            self._losses.append(root.detach())
+        if loss is not None:
+            self._losses.append(loss)
+            self._loss_sources.add(source)
 
     def on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self._marker_seen:
@@ -162,24 +185,58 @@ class Probe:
         if self._optimizer is None:
             self._optimizer = id(optimizer)
         if id(optimizer) == self._optimizer:  # one step per step of the first optimizer (GANs have two)
+            self._optimizer_steps += 1
+            try:
+                self._params = _param_digest(p for g in optimizer.param_groups for p in g["params"])
+            except Exception as e:
+                self._params = {"error": f"{type(e).__name__}: {e}"}
             self.end_step()
 
-    def end_step(self) -> None:
+    def end_step(self, final: bool = False) -> None:
         try:
-            self._end_step()
+            self._end_step(final)
         except Exception as e:  # a measurement that fails is reported, never raised into the job
-            self.emit("probe_error", where="step", message=f"{type(e).__name__}: {e}")
+            self.emit("probe_error", where="step", message=f"{type(e).__name__}: {e}",
+                      traceback=traceback.format_exc()[-3000:])
             self._step += 1
 
-    def on_save(self, obj: Any, f: Any) -> None:
-        if not isinstance(f, (str, os.PathLike)):
-            return
+    def on_save(self, obj: Any, f: Any, kind: str = "torch.save") -> None:
+        """After torch.save (or safetensors' save_file) wrote `obj` to `f`: a path, a named file object, or a
+        buffer, whose bytes are kept beside the events so that the checker can load them too."""
+        try:
+            self._on_save(obj, f, kind)
+        except Exception as e:  # never raised into the job
+            self.emit("probe_error", where="save", message=f"{type(e).__name__}: {e}")
+
+    def _on_save(self, obj: Any, f: Any, kind: str) -> None:
         try:
             digests = {k: {"digest": tensor_digest(t), "shape": list(t.shape), "dtype": str(t.dtype),
                            "device": t.device.type} for k, t in flat_tensors(obj).items()}
         except Exception as e:  # a tensor we cannot read is reported, never raised into the job
             digests = {"?": {"error": f"{type(e).__name__}: {e}"}}
-        self.emit("save", path=os.path.abspath(os.fspath(f)), tensors=digests)
+        path, buffer = None, False
+        if isinstance(f, (str, os.PathLike)):
+            path = os.path.abspath(os.fspath(f))
+        elif isinstance(getattr(f, "name", None), str) and os.path.isfile(f.name):
+            path = os.path.abspath(f.name)
+            try:
+                f.flush()
+            except Exception:
+                pass
+        elif isinstance(f, io.BytesIO):
+            try:
+                self._buffers += 1
+                folder = os.path.join(self._directory, "buffers")
+                os.makedirs(folder, exist_ok=True)
+                path = os.path.join(folder, f"rank{self.rank}-{os.getpid()}-{self._buffers}.pt")
+                with open(path, "wb") as out:
+                    out.write(f.getvalue())
+                buffer = True
+            except Exception as e:
+                self.emit("probe_error", where="save", message=f"{type(e).__name__}: {e}")
+                path = None
+        self.emit("save", path=path, format=kind, buffer=buffer, target=type(f).__name__, tensors=digests,
+                  objects=type(obj).__name__)
 
     def on_mesh(self, mesh: Any) -> None:
         try:
@@ -195,21 +252,39 @@ class Probe:
     # ------------------------------------------------------------ steps
     def marker(self, loss: Any = None) -> None:
         self._marker_seen = True
+        self._markers += 1
         if loss is not None:
-            self._explicit_loss = float(loss.detach().float().item() if isinstance(loss, torch.Tensor) else loss)
+            if isinstance(loss, torch.Tensor):
+                if hasattr(loss, "to_local") and type(loss) is not torch.Tensor:
+                    loss = loss.to_local()
+                loss = loss.detach().float().sum().item()
+            self._explicit_loss = float(loss)
+            self._loss_sources.add("marker")
         self.end_step()
 
-    def _end_step(self) -> None:
+    def _end_step(self, final: bool = False) -> None:
         losses = [float(t.float().item()) for t in self._losses]
         if self._explicit_loss is not None:
             losses = [self._explicit_loss]
         loss = sum(losses) / len(losses) if losses else None
+        extra: dict[str, Any] = {"final": True} if final else {}
+        if self._params is not None:
+            extra["params"] = self._params
+        from torch_neuronx.tools.check import rng
+
+        if len(self._models) != self._described:
+            self._described = len(self._models)
+            self._wrappers = self.wrappers()
+        unaligned = rng.take_unaligned()
+        if unaligned:
+            extra["rng_unaligned"] = unaligned
         self.emit("step", i=self._step, loss=loss, losses=losses,
-                  finite=all(v == v and abs(v) != float("inf") for v in losses),
+                  finite=all(v == v and abs(v) != float("inf") for v in losses), sources=sorted(self._loss_sources),
                   shapes=self._shapes, tokens=self._tokens, examples=self._examples,
-                  memory=self._memory(), world_size=_world_size(), **self._deltas())
+                  memory=self._memory(), world_size=_world_size(), **extra, **self._deltas())
         self._step += 1
-        self._losses, self._shapes, self._explicit_loss = [], [], None
+        self._losses, self._shapes, self._explicit_loss, self._params = [], [], None, None
+        self._loss_sources = set()
         self._tokens = self._examples = 0
         self._depth = 0
 
@@ -239,11 +314,13 @@ class Probe:
         seen = self._compile
         if snap["graphs_compiled"] < seen["graphs"] or snap["recompilations"] < seen["recompilations"]:
             seen = {"graphs": 0, "recompilations": 0, "seconds": 0.0, "breaks": 0}  # the job reset the metrics
-        new_recompiles = snap["recompile_reasons"][seen["recompilations"]:]
+        if seen["recompilations"] == 0:
+            self._recompiles_seen = {}
+        new_recompiles = self._new_recompiles(snap["recompile_reasons"])
         compile_delta = {"graphs": snap["graphs_compiled"] - seen["graphs"],
                          "seconds": round(snap["compile_seconds"] - seen["seconds"], 4),
                          "graph_breaks": snap["graph_breaks"]["count"] - seen["breaks"],
-                         "recompiles": [{"function": r["function"], "reason": r["reason"]} for r in new_recompiles]}
+                         "recompiles": new_recompiles}
         self._compile = {"graphs": snap["graphs_compiled"], "recompilations": snap["recompilations"],
                          "seconds": snap["compile_seconds"], "breaks": snap["graph_breaks"]["count"]}
         fallbacks = op_tracker.fallback_ops()
@@ -256,6 +333,40 @@ class Probe:
         self._comm = comm
         return {"compile": compile_delta, "fallbacks": new_fallbacks,
                 "comm": {k: v for k, v in comm_delta.items() if v["calls"]}}
+
+    def _new_recompiles(self, reasons: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The recompilations since the last step, of every function. The metrics list them grouped by function
+        (not by time): what is new is each function's entries beyond the count seen before."""
+        per_function: dict[str, list[dict[str, Any]]] = {}
+        for r in reasons:
+            per_function.setdefault(r["function"], []).append(r)
+        new = []
+        for function, entries in per_function.items():
+            seen = self._recompiles_seen.get(function, 0)
+            for r in entries[:seen]:
+                if r.get("dynamo_reason"):
+                    self._dynamo_seen[function] = r["dynamo_reason"]
+            for r in entries[seen:]:
+                new.append({"function": function, "reason": self._reason(function, r)})
+            self._recompiles_seen[function] = len(entries)
+        return new
+
+    def _reason(self, function: str, r: dict[str, Any]) -> str:
+        """A recompilation's reason in words: the changed dims, Dynamo's failed guard, or (for the graphs the
+        backend compiles per value once Dynamo made an input dynamic) which input became dynamic."""
+        if r.get("changed"):
+            return str(r["reason"])
+        dynamo = r.get("dynamo_reason")
+        if dynamo:
+            self._dynamo_seen[function] = dynamo
+            return _guard_words(dynamo)
+        previous = self._dynamo_seen.get(function)
+        if previous:
+            name = _guard_input(previous)
+            what = f"`{name}`" if name else "an input"
+            return (f"{what} became dynamic after the guard `{_guard_expr(previous)}` failed; the backend compiles "
+                    "a static graph for each new value (mark it static, or pass it as a tensor)")
+        return str(r.get("reason") or "guard failure")
 
     # ------------------------------------------------------------ end
     def wrappers(self) -> list[dict[str, Any]]:
@@ -270,11 +381,11 @@ class Probe:
             return
         self._ended = True
         if self._losses or self._shapes:  # work after the last optimizer step (evaluation, generation)
-            self.end_step()
+            self.end_step(final=True)
         from torch_neuronx.compile import metrics
 
         try:
-            wrappers = self.wrappers()
+            wrappers = self.wrappers() or self._wrappers  # the models may be gone by now: then as last seen
         except Exception as e:
             wrappers = [{"error": f"{type(e).__name__}: {e}"}]
         try:
@@ -283,13 +394,96 @@ class Probe:
                         "compile_seconds": snap["compile_seconds"], "graphs": snap["graphs_compiled"]}
         except Exception as e:
             compiled = {"error": f"{type(e).__name__}: {e}"}
-        self.emit("end", compile=compiled, wrappers=wrappers, world_size=_world_size())
+        self.emit("end", compile=compiled, wrappers=wrappers, world_size=_world_size(),
+                  optimizer_steps=self._optimizer_steps, markers=self._markers)
         with self._lock:
             self._file.close()
 
     def excepthook(self, kind: type[BaseException], value: BaseException, tb: Any) -> None:
         self.emit("error", type=f"{kind.__module__}.{kind.__qualname__}", message=str(value)[:4000],
                   traceback="".join(traceback.format_exception(kind, value, tb))[-6000:])
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (never a collective: the probe must not change the job's communication)."""
+    if type(t) is not torch.Tensor and hasattr(t, "to_local"):
+        return t.to_local()
+    return t
+
+
+def _tracing() -> bool:
+    """Whether a tracer is running (fake, functional or proxy tensors): a compiler's call, not the job's."""
+    keys = torch._C._TorchDispatchModeKey
+    return any(torch._C._get_dispatch_mode(k) is not None for k in (keys.FAKE, keys.FUNCTIONAL, keys.PROXY))
+
+
+def _weighted_root(roots: Any, gradients: Any) -> torch.Tensor | None:
+    """sum(root x gradient) over a backward call's roots (a scalar root without a gradient: itself)."""
+    roots = list(roots) if isinstance(roots, (list, tuple)) else [roots]
+    if gradients is None or isinstance(gradients, torch.Tensor):
+        gradients = [gradients] * len(roots) if len(roots) == 1 or gradients is None else [gradients]
+    total: torch.Tensor | None = None
+    for root, grad in zip(roots, list(gradients) + [None] * (len(roots) - len(gradients)), strict=False):
+        if not isinstance(root, torch.Tensor) or not (root.is_floating_point() or root.is_complex()):
+            continue
+        if type(root).__name__ in ("FakeTensor", "FunctionalTensor"):
+            return None
+        value = _local(root).detach()
+        if isinstance(grad, torch.Tensor):
+            value = (value.float() * _local(grad).detach().float()).sum()
+        elif value.numel() != 1:
+            continue  # autograd refuses a non-scalar root without a gradient: the job's error, not a loss
+        value = value.reshape(())
+        total = value if total is None else total + value.to(total.device)
+    return total
+
+
+def _param_digest(params: Any) -> dict[str, Any]:
+    """Per-tensor L2 norms of the parameters (their local shards), as one norm and a hash of all of them:
+    replicas hold bit-identical parameters, so their hashes agree; the norm is compared with tolerance."""
+    tensors, sharded = [], False
+    for p in params:
+        if type(p) is not torch.nn.Parameter and type(p) is not torch.Tensor:
+            if not isinstance(p, torch.Tensor):
+                continue
+            if hasattr(p, "to_local"):
+                sharded = True
+                p = p.to_local()
+        if p.is_floating_point() and p.numel():
+            tensors.append(p)  # no detach: read under no_grad
+    if not tensors:
+        return {"n": 0, "norm": 0.0, "digest": "", "sharded": sharded}
+    with torch.no_grad():
+        try:  # one kernel for all, one copy back
+            norms = torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)).cpu().tolist()
+        except RuntimeError:  # tensors on several devices or of kinds foreach refuses: one at a time
+            norms = [float(t.float().norm().cpu()) for t in tensors]
+    digest = hashlib.sha256(json.dumps(norms).encode()).hexdigest()[:16]
+    return {"n": len(tensors), "norm": sum(v * v for v in norms) ** 0.5, "digest": digest, "sharded": sharded}
+
+
+def _guard_expr(dynamo_reason: str) -> str:
+    """`0/0: n == 2   # return x * n  # file:5 in f\nUser stack trace: ...` -> `n == 2`."""
+    first = dynamo_reason.strip().splitlines()[0] if dynamo_reason.strip() else ""
+    if ": " in first and first.split(": ", 1)[0].replace("/", "").isdigit():
+        first = first.split(": ", 1)[1]
+    return first.split("#", 1)[0].strip()
+
+
+def _guard_input(dynamo_reason: str) -> str | None:
+    import re
+
+    m = re.match(r"(?:L\[')?([A-Za-z_][A-Za-z0-9_]*)", _guard_expr(dynamo_reason))
+    m2 = re.search(r"tensor '([^']+)'", dynamo_reason)
+    return (m2 or m)[1] if (m2 or m) else None
+
+
+def _guard_words(dynamo_reason: str) -> str:
+    expr = _guard_expr(dynamo_reason)
+    name = _guard_input(dynamo_reason)
+    if "tensor '" in expr:
+        return expr
+    return f"`{name}` changed (guard `{expr}` failed)" if name else f"guard `{expr}` failed"
 
 
 def _comm_stats() -> dict[str, dict[str, int]]:
@@ -361,6 +555,29 @@ def describe_wrappers(model: torch.nn.Module) -> dict[str, Any]:
             "double_wrapped": sorted(set(double))}
 
 
+def _watch_checker(pid: str | None) -> None:
+    """Exit when the checker that launched this process is gone (killed with SIGKILL, say): a job never
+    outlives its checker. A daemon thread that looks once a second."""
+    try:
+        watched = int(pid or "")
+    except ValueError:
+        return
+    if watched <= 1:
+        return
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(watched, 0)
+            except ProcessLookupError:
+                os._exit(143)
+            except PermissionError:
+                continue
+
+    threading.Thread(target=watch, name="torch-neuronx-check-watch", daemon=True).start()
+
+
 def install() -> Probe | None:
     """Start watching this process (called by ``import torch_neuronx`` when TORCH_NEURONX_CHECK_DIR is set)."""
     global _probe
@@ -384,6 +601,10 @@ def install() -> Probe | None:
 
     register_optimizer_step_post_hook(probe.on_optimizer_step)
     patches.patch_for_check(probe.on_backward, probe.on_save, probe.on_mesh)
+    from torch_neuronx.tools.check import rng
+
+    rng.install(probe)
+    _watch_checker(os.environ.get("TORCH_NEURONX_CHECK_WATCH_PID"))
     previous = sys.excepthook
 
     def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:

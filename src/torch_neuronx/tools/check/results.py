@@ -24,6 +24,7 @@ class RankRun:
     steps: list[dict[str, Any]] = field(default_factory=list)
     records: dict[str, Any] = field(default_factory=dict)
     saves: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> the last save's digests
+    stream_saves: list[dict[str, Any]] = field(default_factory=list)  # saved to a stream the checker cannot read
     meshes: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     probe_errors: list[dict[str, Any]] = field(default_factory=list)
@@ -38,6 +39,26 @@ class RankRun:
         if self.errors:
             return "error"
         return "ok" if self.end is not None else "stopped"
+
+    @property
+    def stopped_at(self) -> float | None:
+        """When this rank stopped: its end, its uncaught exception, or (killed, aborted) its last event."""
+        if self.errors:
+            return float(self.errors[0]["t"])
+        if self.end is not None:
+            return float(self.end["t"])
+        return self.last_event
+
+    @property
+    def optimizer_steps(self) -> int | None:
+        return (self.end or {}).get("optimizer_steps")
+
+    def compared_steps(self) -> list[dict[str, Any]]:
+        """The steps to compare with the reference: not the partial one the probe closes at exit after a
+        crash (operations reports the crash; its half-step is no divergence)."""
+        if self.status != "ok" and self.steps and self.steps[-1].get("final"):
+            return self.steps[:-1]
+        return self.steps
 
     # -------------------------------------------------------------- time
     @property
@@ -143,7 +164,10 @@ def read_rank(path: Path, rank: int) -> RankRun:
         elif kind == "record":
             run.records[ev["name"]] = ev["value"]
         elif kind == "save":
-            run.saves[ev["path"]] = ev
+            if ev.get("path"):
+                run.saves[ev["path"]] = ev
+            else:
+                run.stream_saves.append(ev)
         elif kind == "mesh":
             run.meshes.append({k: v for k, v in ev.items() if k not in ("e", "t")})
         elif kind == "error":

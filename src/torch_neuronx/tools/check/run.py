@@ -12,74 +12,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch_neuronx.testing.workers import kill_group
-from torch_neuronx.tools.check import results, verdicts
+from torch_neuronx.tools.check import procs, results, verdicts
+from torch_neuronx.tools.check.config import CheckConfig, Side, Thresholds
 
 PLACEHOLDER = "{device}"
 CPU_LOADER = Path(__file__).with_name("cpu_loader.py")
-CHECK_VARIABLES = ("TORCH_NEURONX_CHECK_DIR", "TORCH_NEURONX_CHECK_LAUNCH_TIME", "TORCH_NEURONX_CHECK_RANKS_ONLY")
-
-
-@dataclass
-class CheckConfig:
-    """What to check and how; the command line's options, one to one (docs/check.md)."""
-
-    command: list[str] = field(default_factory=list)  # the job: `train.py --args` or any command
-    reference: list[str] | None = None  # the reference command; default: `command` with {device} -> cpu
-    nproc_per_node: int | None = None  # run under torchrun with this many processes
-    reference_nproc_per_node: int | None = -1  # the reference's (-1: as the job; None or 0: one plain process)
-    instance: str | None = None  # TORCH_NEURONX_INSTANCE_TYPE for the job
-    hf_model: str | None = None  # a Hugging Face model directory: the built-in workload instead of a command
-    task: str = "all"  # the built-in workload's tasks: generate, sft or all
-    out_dir: Path = Path("neuronx-check")
-    timeout: float = 1800.0  # seconds for everything: job, reference and checkpoint loads
-    checkpoints: list[str] = field(default_factory=list)  # more files or directories to load on CPU
-    thresholds: verdicts.Thresholds = field(default_factory=verdicts.Thresholds)
-    progress: bool = True
-    env: dict[str, str] = field(default_factory=dict)
-    cwd: Path | None = None
-
-    def validate(self) -> None:
-        if bool(self.command) == bool(self.hf_model):
-            raise ValueError("give either a command to check (after `--`) or --hf-model DIR, not both or neither")
-        if self.hf_model is not None and not (Path(self.hf_model) / "config.json").is_file():
-            raise ValueError(f"--hf-model {self.hf_model}: no config.json there; give a directory written by "
-                             "save_pretrained")
-        if self.task not in ("generate", "sft", "all"):
-            raise ValueError(f"--task {self.task!r}: choose generate, sft or all")
-        if self.nproc_per_node is not None and self.nproc_per_node < 1:
-            raise ValueError(f"--nproc-per-node {self.nproc_per_node}: give a positive process count")
-        if self.timeout <= 0:
-            raise ValueError(f"--timeout {self.timeout}: give a positive number of seconds")
-        if self.instance is not None:
-            from torch_neuronx.runtime import instances
-
-            if self.instance not in instances.INSTANCES:
-                raise ValueError(f"--instance {self.instance!r} is not a Neuron instance type; choose one of "
-                                 f"{', '.join(sorted(instances.INSTANCES))}")
-        if self.command and self.command[0].endswith(".py") and not Path(self.cwd or ".", self.command[0]).exists():
-            raise ValueError(f"the job script {self.command[0]} does not exist")
-
-
-@dataclass
-class Side:
-    """One launch: the neuron run or the reference run."""
-
-    name: str
-    argv: list[str]
-    seconds: float = 0.0
-    returncode: int | None = None
-    timed_out: bool = False
-    ranks: dict[int, results.RankRun] = field(default_factory=dict)
-    agent_log: str = ""
+CHECK_VARIABLES = ("TORCH_NEURONX_CHECK_DIR", "TORCH_NEURONX_CHECK_LAUNCH_TIME", "TORCH_NEURONX_CHECK_RANKS_ONLY",
+                   "TORCH_NEURONX_CHECK_WATCH_PID", procs.TAG)
+__all__ = ["CheckConfig", "Side", "Thresholds", "check"]
 
 
 # ------------------------------------------------------------------ commands
@@ -114,6 +63,7 @@ def launcher_argv(command: list[str], nproc: int | None, log_dir: Path) -> list[
 
 # ------------------------------------------------------------------ running
 def run_side(name: str, argv: list[str], cfg: CheckConfig, deadline: float) -> Side:
+    """Launch one side and wait for it until the deadline; whatever happens, no process of it survives."""
     side = Side(name, argv)
     events, logs = (cfg.out_dir / name).resolve(), (cfg.out_dir / f"{name}-logs").resolve()
     for d in (events, logs):
@@ -121,7 +71,8 @@ def run_side(name: str, argv: list[str], cfg: CheckConfig, deadline: float) -> S
         d.mkdir(parents=True)
         (d / MARKER).touch()
     launched = time.time()
-    env = {**os.environ, **cfg.env, "TORCH_NEURONX_CHECK_DIR": str(events),
+    tree = procs.JobTree()
+    env = {**os.environ, **cfg.env, **tree.env(), "TORCH_NEURONX_CHECK_DIR": str(events),
            "TORCH_NEURONX_CHECK_LAUNCH_TIME": repr(launched), "PYTHONUNBUFFERED": "1"}
     if cfg.instance:
         env["TORCH_NEURONX_INSTANCE_TYPE"] = cfg.instance
@@ -129,29 +80,63 @@ def run_side(name: str, argv: list[str], cfg: CheckConfig, deadline: float) -> S
         env["TORCH_NEURONX_CHECK_RANKS_ONLY"] = "1"
     agent = logs / "launcher.log"
     t0 = time.monotonic()
-    with open(agent, "w") as out:
-        try:
-            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cfg.cwd,
-                                    start_new_session=True)
-        except OSError as e:
-            raise ValueError(f"cannot start the job {shlex.join(argv)}: {e}") from e
-        progress = Progress(name, events, enabled=cfg.progress)
-        while proc.poll() is None:
-            if time.monotonic() > deadline:
-                side.timed_out = True
-                kill_group(proc)
-                break
-            progress.update()
-            time.sleep(0.25)
-        progress.done()
-    side.seconds = time.monotonic() - t0
-    side.returncode = proc.returncode
-    side.agent_log = agent.read_text(errors="replace")[-4000:]
-    side.ranks = results.read_run(events)
-    tails = _rank_logs(logs)
-    for rank, run in side.ranks.items():
-        run.log_tail = tails.get(rank, side.agent_log)[-3000:]
+    proc: subprocess.Popen[Any] | None = None
+    try:
+        with open(agent, "w") as out:
+            try:
+                proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cfg.cwd,
+                                        start_new_session=True)
+            except OSError as e:
+                raise ValueError(f"cannot start the job {shlex.join(argv)}: {e}") from e
+            tree.root = proc.pid
+            progress = Progress(name, events, enabled=cfg.progress)
+            try:
+                while proc.poll() is None:
+                    if time.monotonic() > deadline:
+                        side.timed_out = True
+                        break
+                    progress.update()
+                    time.sleep(0.25)
+            finally:
+                progress.done()
+    except procs.Interrupted as e:
+        side.interrupted = signal_name(e.signum)
+        raise
+    finally:
+        tree.kill(proc)  # the deadline, a signal, an error here, or leftovers of a job that ended
+        tree.close()
+        side.seconds = time.monotonic() - t0
+        side.returncode = proc.returncode if proc is not None else None
+        side.agent_log = agent.read_text(errors="replace")[-8000:] if agent.exists() else ""
+        side.ranks = results.read_run(events)
+        side.exits = torchrun_exits(side.agent_log)
+        tails = _rank_logs(logs)
+        for rank, run in side.ranks.items():
+            run.log_tail = tails.get(rank, side.agent_log)[-3000:]
     return side
+
+
+def signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+_FAILURE = re.compile(r"time\s*:\s*(?P<time>[^\n]+)\n\s*host\s*:[^\n]*\n\s*rank\s*:\s*(?P<rank>\d+)[^\n]*\n"
+                      r"\s*exitcode\s*:\s*(?P<code>-?\d+)[^\n]*")
+
+
+def torchrun_exits(agent_log: str) -> dict[int, dict[str, Any]]:
+    """Rank -> how torchrun saw it fail (its summary table: time, exit code, signal), from the agent's log."""
+    out: dict[int, dict[str, Any]] = {}
+    for m in _FAILURE.finditer(agent_log):
+        code = int(m["code"])
+        out[int(m["rank"])] = {"exitcode": code, "time": m["time"].strip(),
+                               "signal": signal_name(-code) if code < 0 else None}
+    return out
 
 
 MARKER = ".torch-neuronx-check"  # in every folder the checker made: only those are ever replaced
@@ -211,13 +196,22 @@ class Progress:
 
 # ------------------------------------------------------------------ checkpoints
 def find_checkpoints(side: Side, cfg: CheckConfig, since: float) -> list[dict[str, Any]]:
-    """What the job wrote that should load elsewhere: torch.save files, safetensors files and HF directories."""
+    """What the job wrote that should load elsewhere: every torch.save file (a path, a named file object, or a
+    buffer the probe kept a copy of), every safetensors file, the Hugging Face directories they are in
+    (save_pretrained), and --checkpoint paths."""
     wanted: dict[str, dict[str, Any]] = {}
+    out = str(cfg.out_dir.resolve())
     for run in side.ranks.values():
         for path, ev in run.saves.items():
-            has_tensors = bool(ev["tensors"])  # a pickled config (training_args.bin) is not a checkpoint
-            if has_tensors and Path(path).is_file() and not str(path).startswith(str(cfg.out_dir.resolve())):
-                wanted.setdefault(path, {"path": path, "kind": "torch.save", "saved": ev["tensors"]})
+            inside = path.startswith(out + os.sep) and not ev.get("buffer")
+            if not Path(path).is_file() or inside:
+                continue
+            hf_dir = _hf_dir(Path(path))
+            if hf_dir is not None and not ev.get("buffer"):
+                wanted.setdefault(str(hf_dir), {"path": str(hf_dir), "kind": "hf"})
+            kind = ev.get("format", "torch.save")
+            wanted.setdefault(path, {"path": path, "kind": kind, "saved": ev.get("tensors") or {},
+                                     "buffer": bool(ev.get("buffer")), "rank": run.rank})
     roots = [Path(cfg.cwd or ".").resolve()]
     if cfg.hf_model:
         roots.append((cfg.out_dir / "hf-neuron").resolve())
@@ -225,18 +219,25 @@ def find_checkpoints(side: Side, cfg: CheckConfig, since: float) -> list[dict[st
         for f in _newer_files(root, since):
             if cfg.hf_model and f.parent == Path(cfg.hf_model).resolve():
                 continue  # the model under test, not something the job wrote
-            hf_dir = f.parent if (f.parent / "config.json").is_file() else None
-            key = str(hf_dir or f)
+            hf_dir = _hf_dir(f)
             if hf_dir is not None:
-                wanted.setdefault(key, {"path": key, "kind": "hf"})
-            else:
-                wanted.setdefault(key, {"path": key, "kind": "safetensors"})
+                wanted.setdefault(str(hf_dir), {"path": str(hf_dir), "kind": "hf"})
+            wanted.setdefault(str(f), {"path": str(f), "kind": "safetensors"})
     for extra in cfg.checkpoints:
         p = Path(extra).resolve()
-        kind = "hf" if (p / "config.json").is_file() else ("safetensors" if p.suffix == ".safetensors" else
-                                                            "torch.save")
+        kind = "hf" if _hf_dir(p / "config.json") else ("safetensors" if p.suffix == ".safetensors" else
+                                                        "torch.save")
         wanted.setdefault(str(p), {"path": str(p), "kind": kind})
     return list(wanted.values())
+
+
+def _hf_dir(f: Path) -> Path | None:
+    """The folder of `f` when it is a transformers model folder (a config.json with a model_type)."""
+    config = f.parent / "config.json"
+    try:
+        return f.parent if "model_type" in json.loads(config.read_text()) else None
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def _newer_files(root: Path, since: float, max_depth: int = 4, max_entries: int = 20000) -> list[Path]:
@@ -278,28 +279,81 @@ def load_on_cpu(items: list[dict[str, Any]], probe_ids: list[int] | None, deadli
         return {i["path"]: {"ok": False, "error": f"the CPU loader failed: {r.stderr[-2000:]}"} for i in items}
 
 
+class Stash:
+    """The neuron run's files, moved aside while the reference runs (it may write the same paths, or resume
+    from them), then put back: what is left on disk after a check is the neuron run's. The reference's
+    versions are kept under <out>/reference-files."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.root = (out_dir / "neuron-files").resolve()
+        self.ref_root = (out_dir / "reference-files").resolve()
+        self.moved: list[tuple[Path, Path]] = []
+
+    def hide(self, paths: list[str]) -> None:
+        for d in (self.root, self.ref_root):
+            _clear(d)
+            d.mkdir(parents=True)
+            (d / MARKER).touch()
+        # An HF directory holds files that are items too: move the directory, not its files one by one.
+        dirs = [Path(p) for p in paths if Path(p).is_dir()]
+        for i, p in enumerate(sorted({Path(p) for p in paths})):
+            if not p.exists() or any(d != p and d in p.parents for d in dirs):
+                continue
+            target = self.root / str(i) / p.name
+            target.parent.mkdir(parents=True)
+            try:
+                shutil.move(str(p), str(target))
+            except OSError:
+                continue
+            self.moved.append((p, target))
+
+    def restore(self) -> None:
+        for i, (original, kept) in enumerate(self.moved):
+            if original.exists():  # the reference's version: kept for inspection, out of the way
+                aside = self.ref_root / str(i) / original.name
+                aside.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(original), str(aside))
+            original.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(kept), str(original))
+        self.moved = []
+
+
 # ------------------------------------------------------------------ the API
 def check(cfg: CheckConfig) -> dict[str, Any]:
-    """Run the checklist; returns the report document (docs/check.md#json-schema)."""
+    """Run the checklist; returns the report document (docs/check.md#json-schema). Raises ValueError for bad
+    input (before anything runs) and procs.Interrupted on SIGINT / SIGTERM (after the job was killed)."""
     cfg.validate()
     cfg.out_dir = Path(cfg.out_dir)
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("neuron", "neuron-logs", "reference", "reference-logs"):  # refuse before anything runs
-        d = cfg.out_dir / name
+    for name in ("neuron", "neuron-logs", "reference", "reference-logs", "neuron-files", "reference-files"):
+        d = cfg.out_dir / name  # refuse before anything runs
         if d.exists() and not (d / MARKER).exists():
             _clear(d)
     deadline = time.monotonic() + cfg.timeout
     command, reference = job_commands(cfg)
     started = time.time()
-    neuron = run_side("neuron", launcher_argv(command, cfg.nproc_per_node, (cfg.out_dir / "neuron-logs")),
-                      cfg, deadline)
-    # The job's checkpoints are loaded before the reference run, which may write to the same paths.
-    items = find_checkpoints(neuron, cfg, started)
-    loaded = load_on_cpu(items, verdicts.PROBE_IDS, deadline)
-    for item in items:
-        item["loaded"] = loaded.get(item["path"], {"ok": False, "error": "not loaded"})
-    ref = None
-    if reference is not None and not neuron.timed_out:
-        nproc = cfg.nproc_per_node if cfg.reference_nproc_per_node == -1 else (cfg.reference_nproc_per_node or None)
-        ref = run_side("reference", launcher_argv(reference, nproc, cfg.out_dir / "reference-logs"), cfg, deadline)
-    return verdicts.judge(cfg, neuron, ref, items)
+    with procs.guarded():
+        neuron = run_side("neuron", launcher_argv(command, cfg.nproc_per_node, (cfg.out_dir / "neuron-logs")),
+                          cfg, deadline)
+        items = find_checkpoints(neuron, cfg, started)
+        loaded = load_on_cpu(items, verdicts.PROBE_IDS, deadline)
+        for item in items:
+            item["loaded"] = loaded.get(item["path"], {"ok": False, "error": "not loaded"})
+        ref = None
+        skipped = None
+        if reference is None:
+            skipped = "no reference"
+        elif neuron.timed_out:
+            skipped = "the job timed out"
+        else:
+            nproc = cfg.nproc_per_node if cfg.reference_nproc_per_node == -1 else (cfg.reference_nproc_per_node
+                                                                                  or None)
+            stash = Stash(cfg.out_dir)
+            stash.hide([i["path"] for i in items if not i.get("buffer") and not i["path"].startswith(
+                str(cfg.out_dir.resolve()) + os.sep)])
+            try:
+                ref = run_side("reference", launcher_argv(reference, nproc, cfg.out_dir / "reference-logs"), cfg,
+                               deadline)
+            finally:
+                stash.restore()
+    return verdicts.judge(cfg, neuron, ref, items, reference_skipped=skipped)

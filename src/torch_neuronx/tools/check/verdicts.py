@@ -5,39 +5,29 @@ recorded values, checkpoints that load on CPU and hold what was saved),
 compilation (recompilations after warm-up, distinct shapes, graph breaks, CPU
 fallbacks), distribution (every rank joined, meshes that cover the world,
 no double wrapping, matching collectives), operations (crashes, hangs,
-out-of-memory, memory headroom, startup, step time). Each finding is one
-evidence item; a layer's verdict is its worst item. :class:`Thresholds`
-holds every limit, with the defaults docs/check.md documents.
+out-of-memory, memory growth, memory headroom, startup, step time, the first
+rank to stop). Each finding is one evidence item; a layer's verdict is its
+worst item; a layer that compared nothing says so (a warning, never a pass).
+:class:`Thresholds` (config.py) holds every limit, with the defaults
+docs/check.md documents.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict
+from typing import Any
 
 from torch_neuronx.runtime.config import format_bytes
+from torch_neuronx.tools.check.config import CheckConfig, Side, Thresholds
 
-if TYPE_CHECKING:
-    from torch_neuronx.tools.check.run import CheckConfig, Side
+__all__ = ["LAYERS", "Thresholds", "judge"]
 
 LAYERS = ("correctness", "compilation", "distribution", "operations")
 ORDER = {"pass": 0, "info": 0, "warn": 1, "fail": 2}
 PROBE_IDS = [1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45]  # the fixed batch HF checkpoints are compared on
 SCHEMA = "torch-neuronx-check/1"
-
-
-@dataclass
-class Thresholds:
-    """Every limit a verdict uses (command-line flag in brackets)."""
-
-    loss_rtol: float = 1e-3  # |loss - reference| <= loss_atol + loss_rtol * |reference|   [--loss-rtol]
-    loss_atol: float = 1e-4  # [--loss-atol]
-    warmup_steps: int = 2  # recompiling after this many steps fails: the steady state was interrupted
-    max_shapes: int = 4  # more distinct input shapes for one compiled function warns   [--max-shapes]
-    memory_warn: float = 0.9  # peak device memory above this share of a core's HBM warns   [--memory-warn]
-    max_startup_s: float = 600.0  # launch to first forward, longer warns   [--max-startup]
 
 
 class Layer:
@@ -74,26 +64,74 @@ def _max_diff(a: Any, b: Any) -> float:
 
 
 # ------------------------------------------------------------------ correctness
-def correctness(neuron: Side, ref: Side | None, items: list[dict[str, Any]], th: Thresholds) -> Layer:
+def correctness(neuron: Side, ref: Side | None, items: list[dict[str, Any]], th: Thresholds,
+                reference_skipped: str | None = None) -> Layer:
     layer = Layer()
     runs = neuron.ranks
     if not any(r.steps for r in runs.values()):
         layer.add("warn", "steps", "no step was seen: the job called no optimizer step; add "
                   "torch_neuronx.check.step() at the end of each step")
+    elif runs and all(r.end is not None and not r.end.get("optimizer_steps") and not r.end.get("markers")
+                      for r in runs.values()):
+        layer.add("warn", "steps", "no optimizer step was seen: the job's work was cut into one step at its end, "
+                  "so nothing is compared step by step; call optimizer.step() or mark each step with "
+                  "torch_neuronx.check.step(loss)")
     for rank, run in sorted(runs.items()):
         bad = next((s for s in run.steps if not s.get("finite", True)), None)
         if bad is not None:
             layer.add("fail", "finite_loss", f"rank {rank}: the loss is not finite at step {bad['i']} "
                       f"({bad['losses']})", rank=rank, step=bad["i"])
-    if not any(e["check"] == "finite_loss" for e in layer.evidence) and any(r.steps for r in runs.values()):
-        layer.add("pass", "finite_loss", f"every loss of {sum(len(r.steps) for r in runs.values())} rank-steps "
-                  "is finite")
-    _against_reference(layer, neuron, ref, th)
+    seen = sum(len(s.get("losses") or []) for r in runs.values() for s in r.steps)
+    if seen == 0 and any(r.steps for r in runs.values()):
+        layer.add("warn", "loss", "no loss was seen: correctness not compared (no backward, autograd.grad or "
+                  "torch_neuronx.check.step(loss) call reached the probe)")
+    elif seen and not any(e["check"] == "finite_loss" for e in layer.evidence):
+        sources = sorted({src for r in runs.values() for s in r.steps for src in s.get("sources", [])})
+        layer.add("pass", "finite_loss", f"every one of {seen} losses is finite (from {', '.join(sources) or '?'})")
+    _against_reference(layer, neuron, ref, th, reference_skipped)
     _checkpoints(layer, neuron, items)
     return layer
 
 
-def _against_reference(layer: Layer, neuron: Side, ref: Side | None, th: Thresholds) -> None:
+def _unaligned(side: Side | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for run in (side.ranks.values() if side is not None else []):
+        for s in run.steps:
+            for op, n in s.get("rng_unaligned", {}).items():
+                out[op] = out.get(op, 0) + n
+    return out
+
+
+def _why_random(neuron: Side, ref: Side | None) -> str:
+    """Why random draws may differ between the runs, when they do (tools/check/rng.py)."""
+    ops = _unaligned(neuron)
+    if not ops:
+        return ""
+    return (f". Random ops drew from a neuron generator the CPU reference cannot follow ({', '.join(sorted(ops))}),"
+            " so masks and samples may differ: seed a generator per op (torch.Generator(device).manual_seed(s))"
+            ", or compare with the random ops off (model.eval(), p=0)")
+
+
+def _params_vs_reference(layer: Layer, rank: int, mine: list[dict[str, Any]], theirs: list[dict[str, Any]],
+                         th: Thresholds) -> None:
+    """The last step's parameter norm against the reference's (compared even when no loss was seen)."""
+    a = next((s["params"] for s in reversed(mine) if "norm" in s.get("params", {})), None)
+    b = next((s["params"] for s in reversed(theirs) if "norm" in s.get("params", {})), None)
+    if a is None or b is None or a.get("sharded") or b.get("sharded") or a["n"] != b["n"]:
+        return
+    if _close(a["norm"], b["norm"], th.loss_rtol, th.loss_atol):
+        layer.add("pass", "parameters_vs_reference", f"rank {rank}: the parameters' norm after the last step "
+                  f"matches the reference's ({a['norm']:.6g} vs {b['norm']:.6g})", rank=rank)
+    else:
+        layer.add("fail", "parameters_vs_reference", f"rank {rank}: the parameters after the last step differ "
+                  f"from the reference's: norm {a['norm']:.6g} vs {b['norm']:.6g}", rank=rank)
+
+
+def _against_reference(layer: Layer, neuron: Side, ref: Side | None, th: Thresholds,
+                       skipped: str | None = None) -> None:
+    if ref is None and skipped not in (None, "no reference"):
+        layer.add("warn", "reference", f"reference skipped: {skipped}; nothing was compared")
+        return
     if ref is None:
         layer.add("warn", "reference", "no reference run: put {device} in the command (cpu is substituted) or "
                   "give --reference -- CMD, to compare losses and outputs")
@@ -109,7 +147,11 @@ def _against_reference(layer: Layer, neuron: Side, ref: Side | None, th: Thresho
         other = ref.ranks.get(rank)
         if other is None or len(ref.ranks) != len(neuron.ranks):
             continue
-        mine, theirs = run.losses(), other.losses()
+        mine_steps, their_steps = run.compared_steps(), other.compared_steps()
+        if run.status != "ok":  # a crash, an OOM or a hang: operations says so; compare the steps it made
+            their_steps = their_steps[:len(mine_steps)]
+        mine = [st.get("loss") for st in mine_steps]
+        theirs = [st.get("loss") for st in their_steps]
         if len(mine) != len(theirs) and run.status == "ok":
             layer.add("fail", "reference_steps", f"rank {rank}: {len(mine)} steps on neuron, {len(theirs)} in the "
                       "reference run", rank=rank)
@@ -117,14 +159,18 @@ def _against_reference(layer: Layer, neuron: Side, ref: Side | None, th: Thresho
         diverged = next((i for i, (a, b) in enumerate(pairs) if not _close(a, b, th.loss_rtol, th.loss_atol)), None)
         diffs = [abs(a - b) for a, b in pairs if a is not None and b is not None and a == a and b == b]
         if diverged is not None:
+            a, b = pairs[diverged]
+            what = (f"{a} vs {b} (tolerance {th.loss_atol} + {th.loss_rtol} x |reference|)" if a is not None and
+                    b is not None else f"a loss was seen {'on neuron' if a is not None else 'in the reference'} "
+                    f"only ({a} vs {b})")
             layer.add("fail", "loss_vs_reference", f"rank {rank}: the loss diverges from the reference at step "
-                      f"{diverged}: {pairs[diverged][0]} vs {pairs[diverged][1]} (tolerance {th.loss_atol} + "
-                      f"{th.loss_rtol} x |reference|)", rank=rank, step=diverged)
+                      f"{diverged}: {what}{_why_random(neuron, ref)}", rank=rank, step=diverged)
         elif pairs and any(a is not None for a, _ in pairs):
             layer.add("pass", "loss_vs_reference", f"rank {rank}: {len(pairs)} losses within tolerance of the "
                       f"reference (max |difference| {max(diffs, default=0.0):.3g})", rank=rank,
                       max_abs_diff=max(diffs, default=0.0))
-        shape_step = next((i for i, (a, b) in enumerate(zip(run.steps, other.steps, strict=False))
+        _params_vs_reference(layer, rank, mine_steps, their_steps, th)
+        shape_step = next((i for i, (a, b) in enumerate(zip(mine_steps, their_steps, strict=False))
                            if _shape_set(a) != _shape_set(b)), None)
         if shape_step is not None:
             layer.add("fail", "output_shapes", f"rank {rank}: output shapes differ from the reference at step "
@@ -149,7 +195,8 @@ def _mean_losses(layer: Layer, neuron: Side, ref: Side, th: Thresholds) -> None:
     averaged over the ranks, which is the global batch's loss when every rank's batch has the same weight."""
 
     def means(side: Side) -> list[float]:
-        per_rank = [[v for v in run.losses() if v is not None] for run in side.ranks.values()]
+        per_rank = [[s["loss"] for s in run.compared_steps() if s.get("loss") is not None]
+                    for run in side.ranks.values()]
         n = min((len(p) for p in per_rank), default=0)
         return [sum(p[i] for p in per_rank) / len(per_rank) for i in range(n)]
 
@@ -184,6 +231,11 @@ def _magnitude(v: Any) -> float:
 
 
 def _checkpoints(layer: Layer, neuron: Side, items: list[dict[str, Any]]) -> None:
+    for rank, run in sorted(neuron.ranks.items()):
+        for ev in run.stream_saves:
+            layer.add("warn", "checkpoint", f"rank {rank}: torch.save wrote to a {ev.get('target')} the checker "
+                      "cannot read back, so it was not loaded on CPU; save to a path or a file to have it checked",
+                      rank=rank)
     if not items:
         layer.add("info", "checkpoint", "the job wrote no checkpoint (torch.save or safetensors); pass "
                   "--checkpoint PATH to have one loaded on CPU")
@@ -191,8 +243,14 @@ def _checkpoints(layer: Layer, neuron: Side, items: list[dict[str, Any]]) -> Non
     records = {k: v for run in neuron.ranks.values() for k, v in run.records.items()}
     for item in items:
         path, got = item["path"], item["loaded"]
+        if not got.get("ok") and got.get("pickled_object"):
+            layer.add("info", "checkpoint", f"{path} pickles Python objects (weights_only=True refuses it) that do "
+                      f"not unpickle on CPU without torch_neuronx: {got.get('error')}. Not a checkpoint of weights "
+                      "(a trainer's arguments, say), but a host without Trainium cannot read it", path=path)
+            continue
         if not got.get("ok"):
-            layer.add("fail", "checkpoint", f"{path} does not load on CPU without torch_neuronx: {got.get('error')}. "
+            shown = f"{path} (written through a buffer by rank {item.get('rank')})" if item.get("buffer") else path
+            layer.add("fail", "checkpoint", f"{shown} does not load on CPU without torch_neuronx: {got.get('error')}. "
                       "Save CPU tensors and plain types (e.g. {k: v.cpu() for k, v in state_dict.items()}), never "
                       "devices or neuron objects", path=path)
             continue
@@ -214,9 +272,14 @@ def _checkpoints(layer: Layer, neuron: Side, items: list[dict[str, Any]]) -> Non
         same = ("holds exactly the values saved" if saved else
                 "gives the trained model's logits" if item["kind"] == "hf" and logits is not None else
                 f"its {len(got.get('tensors', {}))} tensors are finite")
+        if not saved and not got.get("tensors") and item["kind"] == "torch.save":
+            same = f"holds a {got.get('object', 'Python object')} without tensors"
         where = got.get("saved_from", [])
         note = f" (tensors saved from {', '.join(where)}: map_location='cpu' is needed)" if "neuron" in where else ""
-        layer.add("pass", "checkpoint", f"{path} loads on CPU in a fresh process without torch_neuronx and "
+        if got.get("note"):
+            note += f"; it {got['note']}"
+        shown = f"{path} (written through a buffer by rank {item.get('rank')})" if item.get("buffer") else path
+        layer.add("pass", "checkpoint", f"{shown} loads on CPU in a fresh process without torch_neuronx and "
                   f"{same}{note}", path=path)
 
 
@@ -321,6 +384,7 @@ def distribution(neuron: Side, world: int) -> Layer:
                           "(torch refuses it); shard each module once, and do not let a trainer wrap a model that "
                           "is already sharded", rank=rank, error=e["message"][:300])
     _collectives(layer, neuron)
+    _replicas(layer, neuron, world)
     meshes = {json.dumps(sorted((tuple(m["shape"]), tuple(m["names"])) for m in run.meshes if "error" not in m))
               for run in neuron.ranks.values()}
     if len(meshes) > 1:
@@ -348,6 +412,43 @@ def _layout(neuron: Side) -> str:
     return "; ".join(parts)
 
 
+def _replicated(run: Any) -> bool:
+    """Whether this rank's model is a data-parallel replica: DDP, or plain parameters kept in step by
+    all-reduces (no sharding: FSDP, fully_shard and DTensor parameters differ between ranks by design)."""
+    wrappers = (run.end or {}).get("wrappers", [])
+    if any(w.get("fsdp") or w.get("fully_shard") or w.get("dtensor_parameters") for w in wrappers):
+        return False
+    if any(w.get("ddp") for w in wrappers):
+        return True
+    all_reduces = any("all_reduce" in name or "allreduce" in name for s in run.steps for name in s.get("comm", {}))
+    return bool(wrappers) and all_reduces
+
+
+def _replicas(layer: Layer, neuron: Side, world: int) -> None:
+    """Replicas must hold the same parameters after every step. Each rank wrote a digest of its optimizer's
+    parameters (per-tensor norms) per step to its own event file; they are compared here, never by a
+    collective in the job."""
+    ranks = {r: run for r, run in neuron.ranks.items() if _replicated(run)}
+    if world < 2 or len(ranks) < 2:
+        return
+    digests: dict[int, dict[int, dict[str, Any]]] = {
+        r: {s["i"]: s["params"] for s in run.steps if s.get("params", {}).get("digest")} for r, run in ranks.items()}
+    common = sorted(set.intersection(*(set(d) for d in digests.values())))
+    if not common:
+        return
+    first = min(ranks)
+    for i in common:
+        differ = [r for r in sorted(ranks) if digests[r][i]["digest"] != digests[first][i]["digest"]]
+        if differ:
+            norms = ", ".join(f"rank {r} {digests[r][i]['norm']:.6g}" for r in sorted(ranks))
+            layer.add("fail", "replicas", f"replicas drifted apart at step {i}: ranks {differ} hold other parameters "
+                      f"than rank {first} (parameter norms: {norms}). Every replica must apply the same update: "
+                      "the same learning rate, schedule and averaged gradients on every rank", step=i, ranks=differ)
+            return
+    layer.add("pass", "replicas", f"the {len(ranks)} replicas hold identical parameters after each of "
+              f"{len(common)} steps (digests of the optimizer's parameters, compared between ranks' event files)")
+
+
 def _collectives(layer: Layer, neuron: Side) -> None:
     per_rank = {}
     for rank, run in neuron.ranks.items():
@@ -370,6 +471,10 @@ def _collectives(layer: Layer, neuron: Side) -> None:
 # ------------------------------------------------------------------ operations
 def operations(neuron: Side, th: Thresholds, timeout: float) -> Layer:
     layer = Layer()
+    if neuron.interrupted:
+        layer.add("fail", "interrupted", f"the check was stopped by {neuron.interrupted}; every process of the job "
+                  "was killed")
+    _first_stop(layer, neuron)
     failed = [r for r, run in sorted(neuron.ranks.items()) if run.status == "error"]
     for rank, run in sorted(neuron.ranks.items()):
         if run.status == "error":
@@ -398,6 +503,7 @@ def operations(neuron: Side, th: Thresholds, timeout: float) -> Layer:
             layer.add("warn" if over else "pass", "memory", f"rank {rank}: peak {format_bytes(m['peak'])} of "
                       f"{format_bytes(m['capacity'])} on neuron:{core} ({100 * share:.1f}%{line})",
                       rank=rank, device=core, peak=m["peak"], capacity=m["capacity"])
+        _leak(layer, rank, run)
         if run.startup_s is not None:
             verdict = "warn" if run.startup_s > th.max_startup_s else "pass"
             layer.add(verdict, "startup", f"rank {rank}: {run.startup_s:.1f} s from launch to the first forward",
@@ -415,12 +521,81 @@ def operations(neuron: Side, th: Thresholds, timeout: float) -> Layer:
     return layer
 
 
+def _leak(layer: Layer, rank: int, run: Any, min_steps: int = 4) -> None:
+    """Allocated device memory that grows at every steady-state step: the bytes per step, and the step at which
+    the core runs out at that rate."""
+    steady = [s for s in run.steps[run.warmup_steps:] if not s.get("final")]
+    per_core: dict[int, list[tuple[int, int, int]]] = {}
+    for s in steady:
+        for m in s.get("memory", []):
+            per_core.setdefault(m["device"], []).append((s["i"], m["allocated"], m["capacity"]))
+    for core, pts in per_core.items():
+        if len(pts) < min_steps:
+            continue
+        growth = [b[1] - a[1] for a, b in zip(pts, pts[1:], strict=False)]
+        if not all(g > 0 for g in growth):
+            continue
+        rate = (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+        step, allocated, capacity = pts[-1]
+        oom = step + math.ceil((capacity - allocated) / rate) if capacity > allocated else step
+        layer.add("warn", "memory_growth", f"rank {rank}: allocated memory on neuron:{core} grew at every one of "
+                  f"{len(growth)} steady-state steps, {format_bytes(int(rate))} per step on average "
+                  f"({format_bytes(pts[0][1])} at step {pts[0][0]}, {format_bytes(allocated)} at step {step}); at "
+                  f"that rate the core's {format_bytes(capacity)} run out at step {oom}. Look for tensors kept "
+                  "across steps (a list of losses not detached, a growing cache)", rank=rank, device=core,
+                  bytes_per_step=rate, projected_oom_step=oom)
+
+
+def _first_stop(layer: Layer, neuron: Side) -> None:
+    """In a job of several ranks where one failed: the first rank to stop (by time, from its last events and
+    torchrun's record), how it stopped, and its log tail; the others' errors are usually its consequences
+    ("Connection closed by peer")."""
+    ranks = neuron.ranks
+    if len(ranks) < 2 or neuron.timed_out:
+        return
+    bad = [r for r, run in ranks.items() if run.status != "ok"] + [r for r in neuron.exits if r in ranks]
+    early_ok = [r for r, run in ranks.items() if run.status == "ok" and any(ranks[b].status != "ok" for b in bad)]
+    if not bad:
+        return
+    candidates = {r: ranks[r].stopped_at for r in set(bad) | set(early_ok) if ranks[r].stopped_at is not None}
+    if not candidates:
+        return
+    first = min(candidates, key=lambda r: candidates[r])
+    run = ranks[first]
+    failed = [ranks[r] for r in set(bad) if ranks[r].errors]
+    if run.errors and len(failed) == len(set(bad)) and len({x.errors[0]["type"] for x in failed}) == 1 and \
+            len({x.errors[0]["message"][:80] for x in failed}) == 1:
+        return  # every rank raised the same error on its own: none of them is the others' cause
+    t0 = min((x.launched for x in ranks.values() if x.launched), default=None)
+    at = f" at {candidates[first] - t0:.1f} s" if t0 else ""
+    exit_ = neuron.exits.get(first, {})
+    if run.errors:
+        how = f"raised {run.errors[0]['type'].rsplit('.', 1)[-1]}: {run.errors[0]['message'][:300]}"
+    elif exit_.get("signal"):
+        when = "after its last step, at exit" if run.status == "ok" else "without a Python exception"
+        how = (f"was killed by {exit_['signal']} {when} (exit code {exit_['exitcode']}: an abort in C++, e.g. "
+               "gloo's collective mismatch, a thread left running at exit, or os.abort)")
+    elif exit_:
+        how = f"exited with code {exit_['exitcode']} without a Python exception (os._exit or a C++ abort)"
+    elif run.status == "ok":
+        how = ("exited normally (code 0) while the other ranks were still running: a rank that leaves early "
+               "makes its peers' next collective fail")
+    else:
+        how = "stopped without a Python exception or an exit record (killed, or aborted in C++)"
+    others = sorted(r for r in ranks if r != first and ranks[r].status != "ok")
+    after = f"; ranks {others} failed after it" if others else ""
+    layer.add("fail", "first_stop", f"rank {first} stopped first{at}, after {len(run.steps)} step(s): it {how}"
+              f"{after}", rank=first, log_tail=run.log_tail[-2000:])
+
+
 # ------------------------------------------------------------------ the document
-def judge(cfg: CheckConfig, neuron: Side, ref: Side | None, items: list[dict[str, Any]]) -> dict[str, Any]:
+def judge(cfg: CheckConfig, neuron: Side, ref: Side | None, items: list[dict[str, Any]],
+          reference_skipped: str | None = None) -> dict[str, Any]:
     """The report document: layers with verdicts and evidence, ranks, steps (docs/check.md#json-schema)."""
     world = cfg.nproc_per_node or 1
     th = cfg.thresholds
-    layers = {"correctness": correctness(neuron, ref, items, th), "compilation": compilation(neuron, th),
+    layers = {"correctness": correctness(neuron, ref, items, th, reference_skipped),
+              "compilation": compilation(neuron, th),
               "distribution": distribution(neuron, world), "operations": operations(neuron, th, cfg.timeout)}
     steps = []
     for rank, run in sorted(neuron.ranks.items()):
@@ -452,6 +627,8 @@ def judge(cfg: CheckConfig, neuron: Side, ref: Side | None, items: list[dict[str
         "checkpoints": [{"path": i["path"], "kind": i["kind"], "loads_on_cpu": bool(i["loaded"].get("ok")),
                          "error": i["loaded"].get("error"), "saved_from": i["loaded"].get("saved_from")}
                         for i in items],
-        "run": {"seconds": neuron.seconds, "timed_out": neuron.timed_out, "returncode": neuron.returncode},
+        "reference_skipped": reference_skipped if reference_skipped != "no reference" else None,
+        "run": {"seconds": neuron.seconds, "timed_out": neuron.timed_out, "returncode": neuron.returncode,
+                "interrupted": neuron.interrupted},
     }
 

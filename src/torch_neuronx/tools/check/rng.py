@@ -1,0 +1,160 @@
+"""Under the checker, random ops on neuron draw from the CPU's default generator, in program order, so that a job
+with dropout (or any random op on the device) draws the same numbers as its CPU reference.
+
+Why: the device has generators of its own (one per core, CUDA-style, device/random.py). In the neuron run a
+job's CPU draws (data, initialisation on the CPU) come from the CPU generator and its device draws (dropout
+masks) from the core's; in the CPU reference all of them come from the CPU generator, one stream. After the
+first CPU draw the two runs' masks differ, and a correct job fails the loss comparison (28.354 vs 28.027 at
+step 0, issue 21). The numbers of a neuron generator come from the same CPU engine, so merging the streams is
+enough: each random op on neuron with no explicit generator runs on a CPU tensor of the same shape and
+strides, drawing from ``torch.default_generator`` as the reference's op does, and the result is copied to the
+device.
+
+An explicit neuron ``generator=`` draws through a CPU generator seeded as it was (the reference passes its
+own CPU generator, seeded alike), and its offset advances as the device's kernels advance it. What cannot
+follow the reference is counted per step as ``rng_unaligned`` and named in the evidence when losses
+differ: a generator set to a saved state at an offset, DTensor's RNG tracker (it places each shard at its
+own offset of the device stream), and random ops inside ``torch.compile``d graphs (Inductor draws its own
+seeds; not seen here). Only processes the checker launched are changed; the kernels are registered at
+``PrivateUse1`` for the samplers every random op ends in (``randn`` is ``normal_``, dropout is
+``bernoulli_``).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_library: torch.library.Library | None = None
+_unaligned: dict[str, int] = {}
+_lock = threading.Lock()
+
+# in-place samplers: (overload, whether its first argument is the tensor drawn into)
+INPLACE = ("bernoulli_.float", "bernoulli_.Tensor", "uniform_", "normal_", "random_", "random_.from",
+           "random_.to", "exponential_", "geometric_", "log_normal_", "cauchy_")
+FUNCTIONAL = ("bernoulli", "bernoulli.p", "multinomial")
+
+
+def take_unaligned() -> dict[str, int]:
+    """The random ops since the last call that drew from a device generator (op -> calls), and reset."""
+    global _unaligned
+    if not _unaligned:
+        return {}
+    with _lock:
+        out, _unaligned = _unaligned, {}
+    return out
+
+
+def _note(op: str, why: str) -> None:
+    with _lock:
+        key = f"{op} ({why})"
+        _unaligned[key] = _unaligned.get(key, 0) + 1
+
+
+def _dtensor_tracker() -> bool:
+    random = sys.modules.get("torch.distributed.tensor._random")
+    return random is not None and getattr(random, "_rng_tracker", None) is not None
+
+
+def _cpu(value: Any) -> Any:
+    return value.to("cpu") if isinstance(value, torch.Tensor) and value.device.type == "neuron" else value
+
+
+# (seed, offset) of a neuron generator -> the CPU generator standing at that point of the stream: a neuron
+# generator's numbers are those of the CPU engine seeded alike, so every generator at one point draws the same.
+_shadows: dict[tuple[int, int], torch.Generator] = {}
+
+
+def _shadow(gen: torch.Generator) -> tuple[torch.Generator, bool]:
+    """The CPU generator for a neuron generator's next draws, and whether its numbers are exactly the device's
+    (a state restored at an offset is reached on the device by a walk this cannot repeat)."""
+    key = (gen.initial_seed(), gen.get_offset())
+    cpu = _shadows.pop(key, None)
+    if cpu is not None:
+        return cpu, True
+    cpu = torch.Generator()
+    cpu.manual_seed(key[0])
+    return cpu, key[1] == 0
+
+
+def _advance(gen: torch.Generator, cpu: torch.Generator, drawn: int) -> None:
+    """Move the neuron generator on as its own kernels would, and remember where its shadow stands."""
+    offset = gen.get_offset() + (drawn + 3) // 4 * 4
+    gen.set_offset(offset)
+    if len(_shadows) > 64:
+        _shadows.clear()
+    _shadows[(gen.initial_seed(), offset)] = cpu
+
+
+Pair = tuple[torch.Generator, torch.Generator]  # a neuron generator and the CPU generator it draws through
+
+
+def _generator(name: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Pair | None]:
+    """The keyword arguments for the CPU op: the CPU default generator, or an explicit one's shadow."""
+    gen = kwargs.get("generator")
+    if gen is None and not _dtensor_tracker():
+        return kwargs, None
+    if gen is None:  # DTensor's tracker placed the default generator at a shard's offset: not reproducible here
+        from torch_neuronx.device import random
+
+        gen = random.default_generators[torch.neuron.current_device()]
+        _note(name, "DTensor RNG tracker")
+    cpu, exact = _shadow(gen)
+    if not exact:
+        _note(name, "generator state restored to an offset")
+    return {**kwargs, "generator": cpu}, (gen, cpu)
+
+
+def _inplace(name: str, op: Any) -> Callable[..., Any]:
+    def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        kwargs, gen = _generator(name, kwargs)
+        cpu = torch.empty_strided(self.size(), self.stride(), dtype=self.dtype)
+        op(cpu, *(_cpu(a) for a in args), **kwargs)  # draws from the CPU's generator, as the reference does
+        self.copy_(cpu)
+        if gen is not None:
+            _advance(*gen, self.numel())
+        return self
+
+    return kernel
+
+
+def _functional(name: str, op: Any) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> torch.Tensor:
+        kwargs, gen = _generator(name, kwargs)
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        out = op(*(_cpu(a) for a in args), **kwargs)
+        if gen is not None:
+            _advance(*gen, out.numel())
+        return out.to(device)
+
+    return kernel
+
+
+def install(probe: Any = None) -> bool:
+    """Register the kernels (once per process); False when this torch refuses them (the job runs unchanged)."""
+    global _library
+    if _library is not None:
+        return True
+    try:
+        lib = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "overriding a previously registered kernel"
+            for name in INPLACE:
+                packet, _, overload = name.partition(".")
+                op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+                lib.impl(name, _inplace(name, op), "PrivateUse1")
+            for name in FUNCTIONAL:
+                packet, _, overload = name.partition(".")
+                op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+                lib.impl(name, _functional(name, op), "PrivateUse1")
+    except Exception as e:  # never stop the job: its random ops keep the device's stream, and the report says so
+        if probe is not None:
+            probe.emit("probe_error", where="rng", message=f"{type(e).__name__}: {e}")
+        return False
+    _library = lib
+    return True

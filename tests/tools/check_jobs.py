@@ -1,0 +1,161 @@
+"""More jobs for tests/tools/test_check.py (issue 21): `python check_jobs.py JOB DEVICE OUT`.
+
+Each is an ordinary script with one planted fault (or none: "dropout", "ddp_dropout"), nothing of the
+checker in it unless the job is about the checker's marker. Distributed jobs pick their core the portable
+way (neuron:LOCAL_RANK, set before init_process_group), so they run whether a rank sees every core or only
+its own.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+
+def model_and_data(device: str, dropout: float = 0.0) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = [torch.nn.Linear(8, 16), torch.nn.ReLU()]
+    if dropout:
+        layers.append(torch.nn.Dropout(dropout))
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(16, 4)).to(device)
+    batches = [torch.randn(4, 8) for _ in range(4)]  # drawn from the CPU generator, after the init
+    return model, [b.to(device) for b in batches]
+
+
+def losses_job(fault: str, device: str) -> None:
+    model, batches = model_and_data(device, dropout=0.3 if fault == "dropout" else 0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for x in batches:
+        out = model(x)
+        opt.zero_grad()
+        if fault == "vector_loss":  # the fault: 8x the gradient on neuron only
+            out.backward(torch.full_like(out, 8.0 if device == "neuron" else 1.0) / out.numel())
+        elif fault == "autograd_grad":  # the fault: doubled gradients on neuron only
+            loss = out.pow(2).mean() * (2.0 if device == "neuron" else 1.0)
+            grads = torch.autograd.grad(loss, list(model.parameters()))
+            for p, g in zip(model.parameters(), grads, strict=True):
+                p.grad = g
+        elif fault == "no_loss":  # the fault: the loss is computed, never back-propagated
+            out.pow(2).mean()
+        else:
+            out.pow(2).mean().backward()
+        opt.step()
+
+
+def checkpoints_job(device: str, out: str) -> None:
+    """Writes what a checkpoint check must see: a tensor-less file holding a device, a file written through a
+    file object, a buffer, a safetensors file outside the working directory, and marked files whose content
+    says which run wrote them (the reference must not leave its own behind)."""
+    from safetensors.torch import save_file
+
+    model, batches = model_and_data(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for x in batches:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    torch.save({"device": torch.device(device), "step": 4}, os.path.join(out, "tensorless.pt"))
+    with open(os.path.join(out, "fileobj.pt"), "wb") as f:
+        torch.save({"w": model[0].weight.detach().cpu(), "where": torch.device(device)}, f)
+    buf = io.BytesIO()
+    torch.save({"where": torch.device(device)}, buf)
+    elsewhere = os.path.join(out, "elsewhere")
+    os.makedirs(elsewhere, exist_ok=True)
+    save_file({"w": model[0].weight.detach().cpu().contiguous()}, os.path.join(elsewhere, "w.safetensors"),
+              metadata={"by": device})
+    torch.save({"by": device, "w": model[2].weight.detach().cpu()}, os.path.join(out, "marked.pt"))
+
+
+def leak_job(device: str) -> None:
+    model, batches = model_and_data(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    kept = []
+    for step in range(10):
+        opt.zero_grad()
+        loss = model(batches[step % 4]).pow(2).mean()
+        loss.backward()
+        opt.step()
+        kept.append(torch.zeros(64 * 1024, device=device))  # the fault: 256 KiB held on to every step
+
+
+def oom_job(device: str) -> None:
+    model, batches = model_and_data(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(4):
+        opt.zero_grad()
+        model(batches[step]).pow(2).mean().backward()
+        opt.step()
+        if step == 2 and device == "neuron":  # the fault: 64 MiB on a core given 32 MiB
+            torch.empty(16 * 2**20, device=device)
+
+
+def hang_job(out: str) -> None:
+    """One step, then a hang; it also starts a helper in a session of its own (as torchrun starts workers)."""
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    with open(os.path.join(out, f"pids.{os.getpid()}"), "w") as f:
+        f.write(f"{os.getpid()} {helper.pid}\n")
+    model, batches = model_and_data("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    model(batches[0]).sum().backward()
+    opt.step()
+    print("stuck", flush=True)
+    time.sleep(600)
+
+
+def distributed_job(fault: str, device: str, out: str) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    rank = int(os.environ["RANK"])
+    if device == "neuron":
+        torch.neuron.set_device(local)
+        dev = torch.device("neuron", local)
+        dist.init_process_group("neuron")
+    else:
+        dev = torch.device("cpu")
+        dist.init_process_group("gloo")
+    with open(os.path.join(out, f"pids.{os.getpid()}"), "w") as f:
+        f.write(f"{os.getpid()}\n")
+    model, _ = model_and_data(str(dev), dropout=0.3 if fault == "ddp_dropout" else 0.0)
+    ddp = DistributedDataParallel(model)
+    lr = 0.2 if fault == "replica_drift" and rank == 1 else 0.05  # the fault: rank 1's learning rate differs
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(rank)
+    for step in range(4):
+        if fault == "hang_rank" and rank == 1 and step == 1:
+            time.sleep(600)  # the fault: a rank that hangs (its peer waits in the next all-reduce)
+        if fault == "early_exit" and rank == 1 and step == 2:
+            sys.exit(0)  # the fault: a rank that leaves early, with exit code 0
+        x = torch.randn(4, 8, generator=g).to(dev)
+        opt.zero_grad()
+        ddp(x).pow(2).mean().backward()
+        opt.step()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    job, device, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    if job in ("vector_loss", "autograd_grad", "no_loss", "dropout"):
+        losses_job(job, device)
+    elif job == "checkpoints":
+        checkpoints_job(device, out)
+    elif job == "leak":
+        leak_job(device)
+    elif job == "oom":
+        oom_job(device)
+    elif job == "hang":
+        hang_job(out)
+    elif job in ("ddp_dropout", "replica_drift", "hang_rank", "early_exit"):
+        distributed_job(job, device, out)
+    else:
+        raise SystemExit(f"unknown job {job!r}")
+
+
+if __name__ == "__main__":
+    main()
