@@ -112,7 +112,8 @@ def getters(quick: bool) -> dict[str, float]:
 def main() -> None:
     args = parse(arguments(__doc__))
     results = {"elementwise": elementwise_cases(args.quick), "alloc_free_64KiB": alloc_free(args.quick),
-               "training": training_cases(args.quick), "fragmentation": fragmentation(args.quick), "getters": getters(args.quick)}
+               "training": training_cases(args.quick), "fragmentation": fragmentation(args.quick),
+               "getters": getters(args.quick)}
     report(results, args.json)
 
 

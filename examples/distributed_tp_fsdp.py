@@ -131,7 +131,7 @@ def main() -> None:
     # init_mesh says so, naming both numbers, when the launch does not fill the mesh
     mesh = nd.init_mesh((max(world // args.tp, 1), args.tp), ("dp", "tp"))
     rank = dist.get_rank()
-    device = torch.device("neuron", torch.neuron.current_device())  # neuron:LOCAL_RANK, bound at launch
+    device = torch.device("neuron", torch.neuron.current_device())  # neuron:LOCAL_RANK, from init_process_group
 
     torch.manual_seed(0)  # the same initial weights on every rank
     model = TinyLM().to(device)

@@ -24,8 +24,9 @@ ALLOWED: dict[str, set[str]] = {
     "compile": {"runtime", "metrics", "device"},
     "distributed": {"runtime", "device"},
     "profiling": {"runtime", "device", "distributed"},
-    "tools": {"runtime", "metrics", "device", "compile", "distributed", "profiling", "testing"},
-    "testing": {"runtime", "metrics", "device", "compile", "distributed", "profiling"},
+    "nki": {"runtime"},  # the NKI interpreter: plain Python and torch, reads only the emulated instance
+    "tools": {"runtime", "metrics", "device", "compile", "distributed", "profiling", "testing", "nki"},
+    "testing": {"runtime", "metrics", "device", "compile", "distributed", "profiling", "nki"},
     "check": {"tools"},
 }
 BELOW_ALL = {"_C", "patches"}

@@ -126,7 +126,11 @@ def test_check_hooks_still_missing_from_torch() -> None:
 
     hooks = [n for n in dir(torch.autograd.graph) if "register" in n and not n.startswith("_")]
     assert hooks == ["register_multi_grad_hook"], hooks  # per-tensor hooks only, none per backward call
+    assert not [n for n in dir(torch.autograd) if "hook" in n.lower() and "saved_tensors" not in n]  # nor per grad call
     assert not [n for n in dir(torch.serialization) if "hook" in n.lower()]
+    import safetensors.torch
+
+    assert not [n for n in dir(safetensors.torch) if "hook" in n.lower() or "register" in n.lower()]
     public = [n for n in dir(device_mesh) if not n.startswith("_")]
     assert not [n for n in public if "register" in n.lower() or "hook" in n.lower()], public
 
@@ -137,16 +141,20 @@ def test_check_patches_pass_calls_through_and_report() -> None:
 import os, tempfile, torch
 from torch_neuronx import patches
 seen = []
-patches.patch_for_check(lambda t: seen.append("backward"), lambda obj, f: seen.append(("save", f)),
+patches.patch_for_check(lambda t, g, src: seen.append(src), lambda obj, f, kind: seen.append((kind, f)),
                         lambda mesh: seen.append("mesh"))
 patches.patch_for_check(None, None, None)  # idempotent: the second call changes nothing
 x = torch.ones(3, requires_grad=True)
 (x * 2).sum().backward()
+(g,) = torch.autograd.grad((x * 3).sum(), x)
 path = os.path.join(tempfile.mkdtemp(), "t.pt")
 torch.save({"x": x.detach()}, path)
+from safetensors.torch import load_file, save_file
+save_file({"x": x.detach()}, path + ".safetensors")
 assert torch.equal(torch.load(path)["x"], torch.ones(3)) and torch.equal(x.grad, torch.full((3,), 2.0))
-print(seen[0], seen[1] == ("save", path), len(seen))
+assert torch.equal(g, torch.full((3,), 3.0)) and torch.equal(load_file(path + ".safetensors")["x"], torch.ones(3))
+print(seen[0], seen[1], seen[2] == ("torch.save", path), seen[3] == ("safetensors", path + ".safetensors"), len(seen))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["backward", "True", "2"]
+    assert out.stdout.split() == ["backward", "grad", "True", "True", "4"]

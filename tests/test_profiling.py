@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch._C._profiler import _ExperimentalConfig
 from torch.profiler import ProfilerActivity, profile
 
@@ -262,24 +261,37 @@ def test_compiled_graphs_are_one_device_event_per_execution(tmp_path: Path) -> N
     assert not [e for e in cpu_only.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1]
 
 
+COLLECTIVES = r"""
+import json, sys
+import torch, torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+dist.init_process_group("neuron", init_method=f"file://{sys.argv[1]}/pg", rank=0, world_size=1)
+small = torch.ones(100, device="neuron:0")
+big = torch.ones(3, 1000, dtype=torch.bfloat16, device="neuron:0")
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+    dist.all_reduce(small)
+    dist.all_reduce(big)
+    dist.broadcast(small, 0)
+    dist.barrier()
+    torch.neuron.synchronize()
+prof.export_chrome_trace(f"{sys.argv[1]}/trace.json")
+dist.destroy_process_group()
+print(json.dumps([small.nbytes, big.nbytes]))
+"""
+
+
 def test_collectives_are_device_events_with_their_bytes(tmp_path: Path) -> None:
-    dist.init_process_group("neuron", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    try:
-        small = torch.ones(100, device="neuron:0")
-        big = torch.ones(3, 1000, dtype=torch.bfloat16, device="neuron:0")
-        with profile(activities=BOTH) as prof:
-            dist.all_reduce(small)
-            dist.all_reduce(big)
-            dist.broadcast(small, 0)
-            dist.barrier()
-            torch.neuron.synchronize()
-        trace = chrome_trace(prof, tmp_path)
-    finally:
-        dist.destroy_process_group()
+    # Its own process: a process group makes the process TorchNeuron's one-core rank (docs/distributed.md), and
+    # the device must not have been used before it.
+    r = subprocess.run([sys.executable, "-c", COLLECTIVES, str(tmp_path)], env=BASE_ENV, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    small, big = json.loads(r.stdout.strip().splitlines()[-1])
+    trace = json.loads((tmp_path / "trace.json").read_text())
     got = [(e["name"], int(e["args"]["bytes"]), e["tid"]) for e in kernels(trace) if e["name"].startswith("c10d::")]
-    assert ("c10d::all_reduce", small.nbytes, 0) in got
-    assert ("c10d::all_reduce", big.nbytes, 0) in got
-    assert ("c10d::broadcast", small.nbytes, 0) in got
+    assert ("c10d::all_reduce", small, 0) in got
+    assert ("c10d::all_reduce", big, 0) in got
+    assert ("c10d::broadcast", small, 0) in got
     assert ("c10d::barrier", 0, 0) in got
     assert event_type("c10d::all_reduce") == "cc_running" and event_type("c10d::barrier") == "cc_exec_barrier"
 

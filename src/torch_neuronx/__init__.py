@@ -107,7 +107,7 @@ from torch_neuronx.tools.op_tracker import clear_op_tracking, get_executed_ops, 
 
 def __getattr__(name: str) -> object:
     # Submodules with more behind them load on first use: ``import torch`` stays cheap.
-    if name in ("metrics", "profiling", "check"):
+    if name in ("metrics", "profiling", "check", "nki"):
         import importlib
 
         return importlib.import_module(f"torch_neuronx.{name}")

@@ -257,39 +257,65 @@ def _flex_pass_missing() -> NotImplementedError:
 # ---------------------------------------------------------------- torch-neuronx check
 # `torch-neuronx check` watches a user's unmodified job from inside its
 # processes (tools/check/probe.py). Three things it needs have no hook in
-# torch 2.13: the tensor a backward pass starts from (the loss: autograd has
-# global hooks per Node, none per backward call), the files torch.save
-# writes (torch.serialization has no save hook), and the DeviceMeshes a job
+# torch 2.13: the tensors a backward pass or autograd.grad starts from (the
+# loss: autograd has global hooks per Node, none per backward call), the
+# files torch.save or safetensors' save_file writes (torch.serialization and
+# safetensors have no save hook), and the DeviceMeshes a job
 # builds (device_mesh keeps no registry: only a context-manager stack). The
 # wrappers call the original first or after recording, never change
 # arguments or results, and are applied only in the checker's child processes
 # (TORCH_NEURONX_CHECK_DIR set). Test: test_check_hooks_still_missing_from_torch.
 
 
-def patch_for_check(on_backward: Callable[[Any], None], on_save: Callable[[Any, Any], None],
+def patch_for_check(on_backward: Callable[..., None], on_save: Callable[..., None],
                     on_mesh: Callable[[Any], None]) -> None:
+    """Wrap what the probe watches: ``on_backward(roots, gradients, source)`` before torch.autograd.backward
+    (source "backward") and torch.autograd.grad ("grad"); ``on_save(obj, f, kind)`` after torch.save ("torch.save")
+    and safetensors.torch.save_file ("safetensors", when safetensors is installed); ``on_mesh(mesh)`` after a
+    DeviceMesh is built."""
     import torch.autograd
     import torch.serialization
 
     if getattr(torch.autograd.backward, "_neuron_check", False):
         return
-    backward, save = torch.autograd.backward, torch.serialization.save
-    ORIGINALS["autograd.backward"], ORIGINALS["save"] = backward, save
+    backward, grad, save = torch.autograd.backward, torch.autograd.grad, torch.serialization.save
+    ORIGINALS["autograd.backward"], ORIGINALS["autograd.grad"], ORIGINALS["save"] = backward, grad, save
 
     @functools.wraps(backward)
-    def checked_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        on_backward(tensors)
-        return backward(tensors, *args, **kwargs)
+    def checked_backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> Any:
+        on_backward(tensors, grad_tensors, "backward")
+        return backward(tensors, grad_tensors, *args, **kwargs)
+
+    @functools.wraps(grad)
+    def checked_grad(outputs: Any, inputs: Any, grad_outputs: Any = None, *args: Any, **kwargs: Any) -> Any:
+        on_backward(outputs, grad_outputs, "grad")
+        return grad(outputs, inputs, grad_outputs, *args, **kwargs)
 
     @functools.wraps(save)
     def checked_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
         result = save(obj, f, *args, **kwargs)
-        on_save(obj, f)
+        on_save(obj, f, "torch.save")
         return result
 
     checked_backward._neuron_check = True  # type: ignore[attr-defined]
     torch.autograd.backward = checked_backward
+    torch.autograd.grad = checked_grad
     torch.serialization.save = torch.save = checked_save
+    try:
+        import safetensors.torch as st
+    except ImportError:
+        st = None
+    if st is not None:
+        save_file = st.save_file
+        ORIGINALS["safetensors.save_file"] = save_file
+
+        @functools.wraps(save_file)
+        def checked_save_file(tensors: Any, filename: Any, *args: Any, **kwargs: Any) -> Any:
+            result = save_file(tensors, filename, *args, **kwargs)
+            on_save(tensors, filename, "safetensors")
+            return result
+
+        st.save_file = checked_save_file
     if torch.distributed.is_available():
         from torch.distributed.device_mesh import DeviceMesh
 

@@ -167,24 +167,25 @@ def test_model_name_names_the_graphs() -> None:
         torch_neuronx.compile.set_model_name("")
 
 
+COLLECTIVES = r"""
+import torch, torch_neuronx
+import torch.distributed as dist
+from torch.distributed import _functional_collectives as funcol
+dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+f = torch.compile(lambda x: funcol.all_reduce(x * 2, "sum", dist.group.WORLD), backend="neuron")
+out = f(torch.ones(3, device="neuron"))
+(record,) = torch_neuronx.get_dynamo_metrics()
+print(out.cpu().tolist(), record.has_collectives, torch._dynamo.utils.counters["neuron"]["graphs_with_collectives"])
+dist.destroy_process_group()
+"""
+
+
 def test_collectives_are_flagged() -> None:
-    from torch_neuronx.testing.workers import free_port
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    torch.distributed.init_process_group("neuron", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}")
-    try:
-        from torch.distributed import _functional_collectives as funcol
-
-        def f(x: torch.Tensor) -> torch.Tensor:
-            return funcol.all_reduce(x * 2, "sum", torch.distributed.group.WORLD)
-
-        out = torch.compile(f, backend="neuron")(torch.ones(3, device="neuron"))
-        assert torch.equal(out.cpu(), torch.full((3,), 2.0))
-        (record,) = torch_neuronx.get_dynamo_metrics()
-        assert record.has_collectives
-        assert torch._dynamo.utils.counters["neuron"]["graphs_with_collectives"] == 1
-    finally:
-        torch.distributed.destroy_process_group()
+    # In its own process: a process group binds its process to one core for good (TorchNeuron's model).
+    r = subprocess.run([sys.executable, "-c", COLLECTIVES], capture_output=True, text=True, timeout=300,
+                       env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "[2.0, 2.0, 2.0] True 1", r.stdout
 
 
 def test_metrics_report_counts_cache_use() -> None:
@@ -230,11 +231,16 @@ def test_graph_stats_table_is_written_at_exit(tmp_path: Path) -> None:
     assert len(rows) == 2 and rows[0]["has_collectives"] == "False"
 
 
-def test_unknown_metric_table_is_a_clear_error(tmp_path: Path) -> None:
+def test_unknown_metric_table_fails_only_at_exit(tmp_path: Path) -> None:
+    # TorchNeuron raises only in its CSV writer at exit: compiling works; a warning at the first compile says
+    # early which name is wrong, and the exit-time writer raises with TorchNeuron's message.
     env = dict(os.environ, TORCH_NEURONX_ENABLED_METRIC_TABLES="graph_stat")
-    r = subprocess.run([sys.executable, "-c", TABLES], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode != 0
+    r = subprocess.run([sys.executable, "-c", TABLES + "print('compiled both')\n"], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.stdout.strip() == "compiled both", r.stderr
+    assert "TORCH_NEURONX_ENABLED_METRIC_TABLES names 'graph_stat', which is not a metric table" in r.stderr
     assert "Metric table 'graph_stat' is not registered. Available tables: ['graph_stats']" in r.stderr
+    assert r.stderr.index("not a metric table") < r.stderr.index("is not registered")  # warned first, raised at exit
 
 
 # ---------------------------------------------------------------- artifacts

@@ -268,7 +268,7 @@ from torch_neuronx import _C
 print(_C._size_class(300 * 1024 + 1))                  # roundup_power2_divisions:8
 x = torch.empty(40 * MIB // 4, device="neuron")          # a 40 MiB block, over max_split_size
 del x
-y = torch.empty(30 * MIB // 4, device="neuron")          # may not take the oversize cached block: a new segment
+y = torch.empty(19 * MIB // 4, device="neuron")          # under max_split_size: may not take the oversize block
 s = torch.neuron.memory_stats()
 print(s["max_split_size"] // MIB, s["oversize_segments.current"], s["segment.large_pool.current"])
 """
@@ -280,7 +280,7 @@ def test_pytorch_alloc_conf_is_honoured() -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     rounded, line = r.stdout.split("\n")[:2]
     assert int(rounded) == 320 * 1024  # (256 KiB, 512 KiB] in 8 steps of 32 KiB
-    assert line.split() == ["32", "1", "2"]  # the 40 MiB segment is oversize; the 30 MiB one is not
+    assert line.split() == ["32", "1", "2"]  # the 40 MiB segment is oversize; the 20 MiB one is not
 
 
 FORK = r"""

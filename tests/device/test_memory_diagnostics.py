@@ -235,7 +235,8 @@ def test_an_unsupported_alloc_conf_key_warns_once(conf: str, warned: str) -> Non
 def test_the_snapshot_reports_the_settings_in_force() -> None:
     r = run("import torch; torch.ones(1, device='neuron'); "
             "s = torch.neuron.memory._snapshot()['allocator_settings']; "
-            "print(s['max_split_size'] >> 20, s['max_non_split_rounding_size'] >> 20, s['roundup_power2_divisions']['2097152'])",
+            "print(s['max_split_size'] >> 20, s['max_non_split_rounding_size'] >> 20, "
+            "s['roundup_power2_divisions']['2097152'])",
             "max_split_size_mb:64,max_non_split_rounding_mb:32,roundup_power2_divisions:[1:4,2:8]")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["64", "32", "8"]

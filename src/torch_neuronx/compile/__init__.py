@@ -119,6 +119,16 @@ def _register() -> None:
     device_module.PythonWrapperCodegen = _WrapperCodegen
     device_module.CppWrapperCodegen = _UnsupportedWrapperCodegen
     device_module.WrapperFxCodegen = _UnsupportedWrapperCodegen
+    # TorchNeuron's import path of the compile helpers (torch_neuronx.neuron_dynamo_backend and its submodules)
+    import sys
+
+    import torch_neuronx
+    from torch_neuronx.compile import neuron_dynamo_backend
+
+    torch_neuronx.neuron_dynamo_backend = neuron_dynamo_backend  # type: ignore[attr-defined]
+    sys.modules["torch_neuronx.neuron_dynamo_backend"] = neuron_dynamo_backend
+    for sub in ("config", "metrics"):
+        sys.modules[f"torch_neuronx.neuron_dynamo_backend.{sub}"] = getattr(neuron_dynamo_backend, sub)
 
 
 def compile(model: Callable[..., Any] | None = None, *, mode: str | None = "default", fullgraph: bool = False,

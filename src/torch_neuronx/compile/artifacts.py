@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,8 +34,36 @@ KINDS = ("fx_graphs", "stablehlo", "neff")
 _lock = threading.Lock()
 
 
+class ArtifactsDirectoryError(OSError):
+    """TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS is on, but TORCH_NEURONX_DEBUG_DIR cannot be written."""
+
+
+_directory_error: ArtifactsDirectoryError | None = None
+_directory_checked: str | None = None
+
+
 def enabled() -> bool:
-    return bool(env.get("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS"))
+    """Whether compiled graphs keep their artifacts; when they do, the debug directory must be writable: checked
+    once per directory, and an unwritable one raises (the same error at every compile) naming both variables."""
+    global _directory_error, _directory_checked
+    if not env.get("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS"):
+        return False
+    directory = os.path.abspath(env.get("TORCH_NEURONX_DEBUG_DIR"))
+    if _directory_checked != directory:
+        _directory_checked, _directory_error = directory, None
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with tempfile.TemporaryFile(dir=directory):
+                pass
+        except OSError as exc:
+            _directory_error = ArtifactsDirectoryError(
+                f"TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS=1 keeps compilation artifacts under "
+                f"TORCH_NEURONX_DEBUG_DIR={directory!r}, which cannot be written ({exc.strerror or exc}). Set "
+                "TORCH_NEURONX_DEBUG_DIR to a writable directory, or unset "
+                "TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS.")
+    if _directory_error is not None:
+        raise _directory_error
+    return True
 
 
 def rank() -> int:

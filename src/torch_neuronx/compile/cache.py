@@ -57,6 +57,7 @@ from typing import Any, TypeVar
 import torch
 
 from torch_neuronx import metrics as counters
+from torch_neuronx.runtime import env
 
 _ENV_DIR = "TORCH_NEURONX_NEFF_CACHE_DIR"
 _ENV_DISABLE = "TORCH_NEURONX_DISABLE_NEFF_CACHE"
@@ -79,7 +80,7 @@ T = TypeVar("T")
 
 
 def enabled() -> bool:
-    return os.environ.get(_ENV_DISABLE, "0").strip().lower() not in ("1", "true", "yes", "on")
+    return not env.get(_ENV_DISABLE)  # through the parser: "garbage" warns, naming the variable
 
 
 def _default_dir() -> Path:

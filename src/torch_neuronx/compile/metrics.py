@@ -132,8 +132,9 @@ def compiled_graphs() -> list[NeuronCompilationMetrics]:
 
 
 def _check_tables() -> None:
-    """Read TORCH_NEURONX_ENABLED_METRIC_TABLES at the first compile: unknown names raise (as on
-    TorchNeuron, but not at ``import torch``); known ones are written at exit."""
+    """Read TORCH_NEURONX_ENABLED_METRIC_TABLES at the first compile and, if it names any table, write the tables
+    at exit. As on TorchNeuron, an unknown name raises only there, in the CSV writer; here a warning at the
+    first compile says so early."""
     global _tables_checked
     if _tables_checked:
         return
@@ -141,10 +142,22 @@ def _check_tables() -> None:
     tables = env.get("TORCH_NEURONX_ENABLED_METRIC_TABLES")
     unknown = [t for t in tables if t not in METRIC_TABLES]
     if unknown:
+        warnings.warn(f"TORCH_NEURONX_ENABLED_METRIC_TABLES names {unknown[0]!r}, which is not a metric table "
+                      f"(available: {', '.join(METRIC_TABLES)}); writing the tables at exit will fail",
+                      stacklevel=3)
+    if tables:
+        atexit.register(_write_tables_at_exit)
+
+
+def _write_tables_at_exit() -> None:
+    """The exit-time writer: raises for an unknown table name, as TorchNeuron's CSV writer does."""
+    tables = env.get("TORCH_NEURONX_ENABLED_METRIC_TABLES")
+    unknown = [t for t in tables if t not in METRIC_TABLES]
+    if unknown:
         raise ValueError(f"Metric table '{unknown[0]}' is not registered. Available tables: {list(METRIC_TABLES)} "
                          "(fix TORCH_NEURONX_ENABLED_METRIC_TABLES)")
     if GRAPH_STATS in tables:
-        atexit.register(write_graph_stats)
+        write_graph_stats()
 
 
 def _rank() -> int:

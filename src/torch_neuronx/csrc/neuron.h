@@ -47,7 +47,15 @@ bool in_bad_fork();
 c10::DeviceIndex device_count_or_zero();
 c10::DeviceIndex current_device();
 void set_current_device(c10::DeviceIndex index);
-// Raises IndexError unless 0 <= index < device_count(); takes a wide integer
+// torch.neuron.set_device: before the device initialises the choice is only remembered (no initialisation).
+void select_device(int64_t index);
+// Under a process group (called while the device initialises): this process attaches to device indices
+// [first, first + count) of the node's device_count, and `first` becomes the process's default device.
+void set_local_devices(int64_t first, int64_t count);
+// Whether the device is initialised and `index` is one this process may use (no process group: any configured).
+bool is_attached(int64_t index);
+// Raises IndexError unless 0 <= index < device_count() (under a process group, ValueError unless the index
+// is one this process attaches to); takes a wide integer
 // so that out-of-range Python ints are caught before they are narrowed.
 void check_index(int64_t index);
 // runtime/guard.cpp: the calling thread's current stream on a (valid) core.

@@ -1,7 +1,9 @@
 r"""torch.neuron: the device module of the emulated NeuronCores.
 
 It reads like :mod:`torch.cuda`: each logical NeuronCore of the emulated
-instance is one device, ``neuron:0`` to ``neuron:{device_count() - 1}``.
+instance is one device, ``neuron:0`` to ``neuron:{device_count() - 1}``; under
+a "neuron" process group, TorchNeuron's per-rank model instead (each process
+owns neuron:LOCAL_RANK, see :mod:`._index` and docs/distributed.md).
 The emulated machine is read from the environment (see
 :mod:`torch_neuronx.runtime.config`), and the device initialises on first use,
 not on import (:mod:`._lazy`: ``_lazy_init``, ``_lazy_call``).
@@ -14,7 +16,15 @@ from typing import Any, NamedTuple
 import torch
 
 from torch_neuronx import _C, runtime
-from torch_neuronx.device._index import _device_t, current_device, device_count, device_index
+from torch_neuronx.device._index import (
+    InvalidDeviceError,
+    _device_t,
+    attached_indices,
+    current_device,
+    device_count,
+    device_index,
+    local_devices,
+)
 from torch_neuronx.device._lazy import (  # _is_in_bad_fork and _lazy_call are torch.cuda's names, kept here too
     DeferredNeuronCallError,
     _initialize,
@@ -22,6 +32,7 @@ from torch_neuronx.device._lazy import (  # _is_in_bad_fork and _lazy_call are t
     _lazy_call,  # noqa: F401
     _lazy_init,
     is_initialized,
+    launch_blocking,
 )
 from torch_neuronx.device.memory import (
     empty_cache,
@@ -30,6 +41,7 @@ from torch_neuronx.device.memory import (
     mem_get_info,
     memory_allocated,
     memory_reserved,
+    memory_snapshot,
     memory_stats,
     memory_summary,
     reset_accumulated_memory_stats,
@@ -83,11 +95,35 @@ def init() -> None:
 
 
 def set_device(device: _device_t) -> None:
-    """Set the calling thread's current NeuronCore (-1: no change, as torch.cuda)."""
-    index = device_index(device, optional=True)
-    if index >= 0:
-        _lazy_init()
-        _C._set_device(index)
+    """Set the calling thread's current NeuronCore, as TorchNeuron's ``set_device``.
+
+    Does not initialise the device: ``set_device(LOCAL_RANK)`` before
+    ``init_process_group`` is allowed. A negative or unknown index raises
+    ValueError; under a process group, any index but LOCAL_RANK raises
+    "Device index i is out of range. Valid range is r to r for this process".
+    """
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "neuron":
+            raise ValueError(f"expected a neuron device, got '{device}'")
+        index = current_device() if device.index is None else device.index
+    elif device is None:
+        index = current_device()
+    elif isinstance(device, int) and not isinstance(device, bool):
+        index = device
+    else:
+        raise TypeError(f"expected a neuron device, a device index or None, got {type(device).__name__}")
+    count = device_count()
+    if not 0 <= index < count:
+        raise InvalidDeviceError(f"Invalid device id: {index}. Valid range is 0 to {count - 1}")
+    local = local_devices()
+    if local is not None and index != local.local_rank:
+        r = local.local_rank
+        raise InvalidDeviceError(
+            f"Device index {index} is out of range. Valid range is {r} to {r} for this process (under a process "
+            "group each process owns one NeuronCore, neuron:LOCAL_RANK)")
+    _C._select_device(index)
 
 
 class device:
@@ -145,7 +181,8 @@ def get_device_properties(device: _device_t = None) -> NeuronDeviceProperties:
     cfg = runtime.machine()
     index = device_index(device)
     chip = cfg.instance.chip
-    core = cfg.visible_cores[index]
+    local = local_devices()
+    core = cfg.visible_cores[index - (local.local_rank if local is not None else 0)]
     per_chip = chip.physical_cores // cfg.lnc
     share = cfg.lnc / chip.physical_cores
     return NeuronDeviceProperties(
@@ -164,10 +201,18 @@ def get_device_properties(device: _device_t = None) -> NeuronDeviceProperties:
     )
 
 
-def get_device_name(device: _device_t = None) -> str:
-    """A readable name of the core, e.g. ``"neuron:trn2 (NeuronCore-v3, trn2.48xlarge, emulated)"``."""
-    p = get_device_properties(device)
-    return f"neuron:{p.name} (NeuronCore-{p.core_version}, {p.instance_type}, emulated)"
+def get_device_name(device: torch.device | int = 0) -> str:
+    """The device's name as TorchNeuron gives it: ``"neuron:0"`` for 0, ``str(device)`` for a torch.device.
+
+    (The chip and instance are in :func:`get_device_properties`.) Like
+    TorchNeuron's, it takes an int or a torch.device and raises ValueError
+    for anything else.
+    """
+    if isinstance(device, torch.device):
+        return str(device)
+    if isinstance(device, int) and not isinstance(device, bool):
+        return f"neuron:{device}"
+    raise ValueError(f"Incorrect device argument found, expected torch.device or int type, found {type(device)}")
 
 
 def get_device_capability(device: _device_t = None) -> tuple[int, int]:
@@ -176,8 +221,8 @@ def get_device_capability(device: _device_t = None) -> tuple[int, int]:
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
-    """The dtypes torch.autocast accepts on neuron: float16 and bfloat16 (compute is otherwise fp32)."""
-    return [torch.float16, torch.bfloat16]
+    """The dtypes torch.autocast accepts on neuron, as TorchNeuron's: float32, float16 and bfloat16."""
+    return [torch.float32, torch.float16, torch.bfloat16]
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
@@ -185,12 +230,37 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
 
 
+def record_event(event: torch.Event | None = None) -> torch.Event:
+    """Record an event on the current stream (a new one if `event` is None) and return it, as TorchNeuron's."""
+    return current_stream().record_event(event)
+
+
+def wait_event(event: torch.Event) -> None:
+    """Make the current stream wait for `event`."""
+    current_stream().wait_event(event)
+
+
+def query() -> bool:
+    """Whether all work on the current stream has completed (always, once a call returns: the emulated device
+    runs each op to completion)."""
+    return current_stream().query()
+
+
+def _sleep(cycles: int) -> None:
+    """Keep the current stream busy for `cycles` device cycles (torch.cuda's test helper). TorchNeuron's does
+    nothing; so does this one, after checking the argument."""
+    if isinstance(cycles, bool) or not isinstance(cycles, int) or cycles < 0:
+        raise ValueError(f"_sleep needs a non-negative number of cycles, got {cycles!r}")
+
+
 __all__ = [
     "DeferredNeuronCallError",
     "Event",
+    "InvalidDeviceError",
     "NeuronDeviceProperties",
     "Stream",
     "StreamContext",
+    "attached_indices",
     "current_device",
     "current_stream",
     "default_generators",
@@ -210,6 +280,8 @@ __all__ = [
     "is_available",
     "is_bf16_supported",
     "is_initialized",
+    "launch_blocking",
+    "local_devices",
     "manual_seed",
     "manual_seed_all",
     "max_memory_allocated",
@@ -217,8 +289,11 @@ __all__ = [
     "mem_get_info",
     "memory_allocated",
     "memory_reserved",
+    "memory_snapshot",
     "memory_stats",
     "memory_summary",
+    "query",
+    "record_event",
     "reset_accumulated_memory_stats",
     "reset_max_memory_allocated",
     "reset_peak_memory_stats",
@@ -230,5 +305,6 @@ __all__ = [
     "set_stream",
     "stream",
     "synchronize",
+    "wait_event",
     "wait_stream",
 ]

@@ -161,7 +161,8 @@ def _record_memory_history_impl(enabled: str | None = "all", context: str | None
         context = "all"
     if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 0:
         raise ValueError(f"_record_memory_history: max_entries must be a non-negative int, got {max_entries!r}")
-    if skip_actions is not None and (isinstance(skip_actions, str) or not all(isinstance(a, str) for a in skip_actions)):
+    if skip_actions is not None and (isinstance(skip_actions, str)
+                                     or not all(isinstance(a, str) for a in skip_actions)):
         raise TypeError(f"_record_memory_history: skip_actions is a list of action names, got {skip_actions!r}")
     _C._record_memory_history(enabled, context if enabled is not None else None, stacks,
                               min(max_entries, sys.maxsize), clear_history, list(skip_actions or []))

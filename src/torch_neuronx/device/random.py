@@ -14,24 +14,29 @@ from collections.abc import Iterable
 import torch
 
 from torch_neuronx import _C
-from torch_neuronx.device._index import _device_t, device_index
+from torch_neuronx.device._index import _device_t, attached_indices, device_index
 from torch_neuronx.device._lazy import _lazy_call, _lazy_init
 
-_generators: list[torch.Generator] = []
+_generators: dict[int, torch.Generator] = {}
 
 
 def _default_generators() -> tuple[torch.Generator, ...]:
+    """The default generators of the cores this process may use (under a process group: neuron:LOCAL_RANK's)."""
     if not _generators:
         _lazy_init()
-        _generators.extend(_C._default_generator(i) for i in range(_C._device_count()))
-    return tuple(_generators)
+        _generators.update((i, _C._default_generator(i)) for i in attached_indices())
+    return tuple(_generators.values())
 
 
 class _DefaultGenerators(tuple):
-    """``torch.neuron.default_generators``: built on first access, not on import."""
+    """``torch.neuron.default_generators``: built on first access, not on import; indexed by device index (under
+    a process group only neuron:LOCAL_RANK's exists, and iterating gives that one)."""
 
     def __getitem__(self, i):  # type: ignore[override]
-        return _default_generators()[i]
+        if isinstance(i, slice):
+            return _default_generators()[i]
+        _default_generators()
+        return _generators[device_index(i)]
 
     def __len__(self) -> int:
         return len(_default_generators())
@@ -44,7 +49,9 @@ default_generators: tuple[torch.Generator, ...] = _DefaultGenerators()
 
 
 def _generator(device: _device_t) -> torch.Generator:
-    return _default_generators()[device_index(device)]
+    index = device_index(device)
+    _default_generators()
+    return _generators[index]
 
 
 def get_rng_state(device: _device_t = "neuron") -> torch.Tensor:

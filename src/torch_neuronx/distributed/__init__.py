@@ -5,8 +5,12 @@ that outgrows one machine runs with torchrun across hosts. Registered on
 import of torch_neuronx, for both neuron and CPU tensors, so that
 ``init_process_group("neuron")`` — or ``init_process_group()`` while neuron is
 the accelerator (torch_neuronx.patches) — needs no ``"cpu:gloo,..."`` spec. :func:`init_mesh` builds
-a neuron DeviceMesh that must fit the launch. (A worker started by torchrun
-binds ``neuron:LOCAL_RANK``: torch_neuronx.runtime does that on first use.)
+a neuron DeviceMesh that must fit the launch.
+
+Creating the first "neuron" process group applies TorchNeuron's per-rank
+device model (:mod:`.devices`): the device must not be initialised yet, and
+the process then owns exactly one NeuronCore, ``neuron:LOCAL_RANK``, with
+``device_count()`` equal to the local world size.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from datetime import timedelta
 import torch
 
 from torch_neuronx.distributed.launch import init_mesh
+from torch_neuronx.runtime import env
 
 __all__ = ["comm_stats", "init_mesh", "reset_comm_stats"]
 
@@ -26,8 +31,14 @@ def _create_backend(store, rank: int, size: int, timeout: timedelta):  # type: i
     import torch.distributed as dist
 
     from torch_neuronx import _C
+    from torch_neuronx.distributed.devices import setup_process_devices
 
-    return _C.ProcessGroupNeuron(dist.ProcessGroupGloo(store, rank, size, timeout))
+    setup_process_devices(rank, size, store)
+    backend = _C.ProcessGroupNeuron(dist.ProcessGroupGloo(store, rank, size, timeout))
+    # TorchNeuron's bucketing of large all-gathers and reduce-scatters (bad values warn, naming the variable)
+    backend._set_bucketing(env.get("COLLECTIVE_BUCKETSIZE_IN_MB") << 20, env.get("NEURON_USE_SPLIT_ALLGATHER"),
+                           env.get("NEURON_USE_SPLIT_REDUCE_SCATTER"))
+    return backend
 
 
 def _register() -> None:

@@ -40,6 +40,14 @@ class _Processed:
     window: tuple[int, int]  # the session, epoch ns
 
 
+def _first_index() -> int:
+    """The device index of this process's first visible core: 0, or LOCAL_RANK under a process group."""
+    from torch_neuronx.device import _index
+
+    local = _index.local_devices()
+    return local.local_rank if local is not None else 0
+
+
 def _core_map() -> tuple[int, ...]:
     from torch_neuronx import runtime
 
@@ -61,6 +69,7 @@ def _process_trace(trace: dict[str, Any], capture: _Capture, keep_device_events:
         if e.get("cat") == "cpu_op" and "External id" in e.get("args", {})
     }
     visible = _core_map()
+    first = _first_index()
     per_core: dict[int, list[tuple[DeviceEvent, dict[str, Any]]]] = {}
     others: list[dict[str, Any]] = []
     filtered = 0
@@ -75,7 +84,8 @@ def _process_trace(trace: dict[str, Any], capture: _Capture, keep_device_events:
         args = e.get("args", {})
         label = str(args.get("device", ""))
         device = int(label.split(":", 1)[1]) if label.startswith("neuron:") else int(e.get("tid", 0))
-        nc = visible[device] if device < len(visible) else device
+        slot = device - first  # under a process group this process's one core is neuron:LOCAL_RANK
+        nc = visible[slot] if 0 <= slot < len(visible) else device
         kind = event_type(e["name"])
         if (capture.nc is not None and nc not in capture.nc) or (
             capture.types and not capture.types.keeps(e["name"], kind)

@@ -22,6 +22,7 @@ __all__ = [
     "RuntimeConfig",
     "from_environment",
     "machine",
+    "reload_machine",
     "torchrun_local_rank",
 ]
 
@@ -36,6 +37,15 @@ def machine() -> RuntimeConfig:
         with _lock:
             if _machine is None:
                 _machine = from_environment()
+    return _machine
+
+
+def reload_machine() -> RuntimeConfig:
+    """Read the machine from the environment again (the neuron process group sets NEURON_RT_VISIBLE_CORES before
+    the device initialises, as TorchNeuron's backend does before the Neuron runtime starts)."""
+    global _machine
+    with _lock:
+        _machine = from_environment()
     return _machine
 
 

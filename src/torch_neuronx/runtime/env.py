@@ -19,6 +19,8 @@ class Variable(NamedTuple):
     default: Any
     meaning: str
     emulation: str = ""  # how the emulator honours it, where that differs from the hardware
+    low: int = 0  # "int" variables: the smallest valid value
+    high: int | None = None  # ... and the largest (None: no bound)
 
 
 VARIABLES: dict[str, Variable] = {v.name: v for v in (
@@ -35,10 +37,12 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "bool", False,
              "1: fall back to the CPU only for ops with no NeuronCore implementation, never after a NeuronCore "
              "implementation fails",
-             "every fallback here is of an op with no NeuronCore implementation, so 1 changes nothing"),
+             "read and validated when the device initialises; every fallback here is of an op with no NeuronCore "
+             "implementation, so 1 changes nothing"),
     Variable("NEURON_LAUNCH_BLOCKING", "bool", False,
              "1: each op completes (and raises its error) before the call returns",
-             "the emulated device always completes an op before the call returns: errors are always synchronous"),
+             "read and validated when the device initialises (torch.neuron.launch_blocking()); the emulated device "
+             "always completes an op before the call returns, so 0 and 1 both behave as 1 does on the hardware"),
     Variable("TORCH_NEURONX_ENABLE_STACK_TRACE", "bool", False,
              "1: record the Python stack of the op calls that matter (here: the first call of each CPU fallback)"),
     Variable("TORCH_NEURONX_LOG_LEVEL", "str", "", "logging of the torch_neuronx logger: DEBUG, INFO, WARNING, "
@@ -75,6 +79,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("TORCH_NEURONX_CHECK_DIR", "path", "", "where a process launched by `torch-neuronx check` writes "
              "its measurements; set, `import torch_neuronx` installs the checker's probe",
              "an emulator extension (docs/check.md)"),
+    Variable("TORCH_NEURONX_CHECK_JOB", "str", "", "set by `torch-neuronx check`: a tag unique to one launch, "
+             "carried by every process of the job, so that the checker finds and stops all of them"),
+    Variable("TORCH_NEURONX_CHECK_WATCH_PID", "int", 0, "set by `torch-neuronx check`: the checker's pid; a job "
+             "process exits when it disappears (a killed checker leaves nothing running)"),
     Variable("TORCH_NEURONX_CHECK_RANKS_ONLY", "bool", False, "1: the checker's probe watches only processes with "
              "RANK set (the job runs under torchrun; its agent is not watched)",
              "an emulator extension (docs/check.md)"),
@@ -83,12 +91,18 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     # -- distributed
     Variable("COLLECTIVE_BUCKETSIZE_IN_MB", "int", 512,
              "the bucket size of large collectives: all-gathers and reduce-scatters over it run in pieces of it",
-             "accepted and validated; the emulator runs each collective whole over host memory, with the same "
-             "results (bucketing changes how the collective moves, not what it computes)"),
+             "read and validated when a neuron process group is created (1 to 1048576); all_gather_into_tensor and "
+             "reduce_scatter_tensor over it run in bucket-sized pieces with unchanged results, counted in "
+             "comm_stats() as <collective>_pieces", low=1, high=1 << 20),
     Variable("NEURON_USE_SPLIT_ALLGATHER", "bool", True, "1: split all-gathers larger than the bucket size",
              "as COLLECTIVE_BUCKETSIZE_IN_MB"),
     Variable("NEURON_USE_SPLIT_REDUCE_SCATTER", "bool", True, "1: split reduce-scatters larger than the bucket size",
              "as COLLECTIVE_BUCKETSIZE_IN_MB"),
+    # -- NKI kernels (torch_neuronx.nki, docs/nki.md)
+    Variable("NEURON_PLATFORM_TARGET_OVERRIDE", "str", "", "the NeuronCore generation NKI kernels target: trn1/inf2/"
+             "gen2, trn2/gen3, trn3/gen4", "read at each kernel launch; unset: the emulated instance's chip"),
+    Variable("TORCH_NEURONX_NKI_CAPACITY", "str", "warn", "what an NKI launch does when its live SBUF/PSUM goes "
+             "over the target's budget: warn, strict (an error) or off", "an emulator extension (docs/nki.md)"),
 )}
 
 _TRUE = ("1", "true", "yes", "on")
@@ -120,11 +134,13 @@ def get(name: str, env: dict[str, str] | None = None) -> Any:
     if var.kind == "int":
         try:
             value = int(text)
-            if value >= 0:
+            if value >= var.low and (var.high is None or value <= var.high):
                 return value
         except ValueError:
             pass
-        _bad(name, text, "a non-negative integer")
+        wanted = (f"an integer from {var.low} to {var.high}" if var.high is not None
+                  else "a non-negative integer" if var.low == 0 else f"an integer of at least {var.low}")
+        _bad(name, text, wanted)
         return var.default
     if var.kind == "list":
         return [item.strip() for item in text.split(",") if item.strip()]

@@ -23,6 +23,7 @@ costs one sample, recorded as a ``crash`` failure, and the run goes on.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import math
@@ -615,6 +616,40 @@ def _run_side(
     return run
 
 
+def resolve_per_device_choices(sample: Any, dtype: torch.dtype, device: str = "neuron") -> Any:
+    """The sample with the choices upstream makes per device type made for `device`, for both sides.
+
+    ``F.linear_cross_entropy``'s chunked path resolves its ``"auto"`` options
+    by device type (``LinearCrossEntropyOptions._adjust``): CPU gets the
+    "accurate" policy with float32 accumulation, any other device (CUDA
+    aside) "compact" in the input dtype and another chunk size. Run as is,
+    CPU and neuron would compute different things in bf16/fp16, and the
+    difference (0.001 and more) would say nothing about the device. Both
+    sides therefore get the options resolved as for `device` (what a script
+    gets on TorchNeuron); with the same options neuron matches CPU bit for
+    bit. Other samples are returned unchanged.
+    """
+    options = sample.kwargs.get("options") if isinstance(getattr(sample, "kwargs", None), dict) else None
+    if options is None or type(options).__name__ != "LinearCrossEntropyOptions":
+        return sample
+    from torch.nn.modules import linear_cross_entropy_options as lce
+
+    target = torch.device(device)
+    auto = lce._AUTO_DEFAULTS.get((target.type, dtype), lce._AUTO_FALLBACK)
+    changes: dict[str, Any] = {}
+    if options.acc_policy == "auto":
+        changes["acc_policy"] = auto.acc_policy
+        if options.acc_dtype is None:
+            changes["acc_dtype"] = lce.LinearCrossEntropyOptions._resolve_auto_acc_dtype(dtype, target) or dtype
+    if options.chunking_method == "auto" and options.batch_chunk_size is None:
+        changes["chunking_method"] = auto.chunking_method
+    if not changes:
+        return sample
+    resolved = copy.copy(sample)
+    resolved.kwargs = {**sample.kwargs, "options": dataclasses.replace(options, **changes)}
+    return resolved
+
+
 def run_sample(
     op: Any,
     sample: Any,
@@ -632,6 +667,7 @@ def run_sample(
 
     seed = OP_SEED + index
     grad_seed = GRAD_SEED + index
+    sample = resolve_per_device_choices(sample, dtype)
     try:
         ref = _run_side(op, sample, "cpu", seed, CPU_HARD_LIMIT_S, with_grad, grad_seed, index)
     except _NotCopyable as e:

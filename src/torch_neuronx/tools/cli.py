@@ -17,6 +17,7 @@ def collect() -> dict[str, Any]:
 
     import torch_neuronx
     from torch_neuronx import _C, runtime
+    from torch_neuronx.tools.nki import provider as nki_provider
 
     cfg = runtime.machine()
     cores = []
@@ -40,6 +41,7 @@ def collect() -> dict[str, Any]:
                      "python": sys.version.split()[0]},
         "build": {"core": os.path.basename(_C.__file__), "autoload":
                   os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "0"},
+        "nki": nki_provider(),
     }
 
 
@@ -60,6 +62,8 @@ def info(as_json: bool) -> int:
     print(f"memory in use {sum(c['allocated_bytes'] for c in used)} bytes on {len(used)} core(s)")
     print(f"build         C++ core {data['build']['core']} loaded; autoload on import torch: "
           f"{'on' if data['build']['autoload'] else 'off'}")
+    names = {"torch_neuronx": "this project's interpreter (docs/nki.md)", "aws": "AWS's package", "none": "none"}
+    print(f"import nki    {names[data['nki']['provider']]} {data['nki']['location']}".rstrip())
     return 0
 
 
@@ -69,10 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     p_info = sub.add_parser("info", help="the emulated instance, cores, HBM, memory in use, versions")
     p_info.add_argument("--json", action="store_true", help="print JSON")
     from torch_neuronx.tools.check import cli as check_cli
+    from torch_neuronx.tools.migrate import cli as migrate_cli
     from torch_neuronx.tools.plan import cli as plan_cli
 
     check_cli.add_parser(sub)
     plan_cli.add_parser(sub)
+    migrate_cli.add_parser(sub)
+    argv, migrate_check_args = migrate_cli.split_check(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     if args.command in (None, "info"):
         return info(getattr(args, "json", False))
@@ -80,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         return check_cli.run(args)
     if args.command == "plan":
         return plan_cli.run(args)
+    if args.command == "migrate":
+        return migrate_cli.run(args, migrate_check_args)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 from torch_neuronx import _C
 from torch_neuronx.runtime import env
+from torch_neuronx.tools import nki
 
 
 class OpRecord(NamedTuple):
@@ -41,6 +42,7 @@ class OpRecord(NamedTuple):
 def records() -> list[OpRecord]:
     """Counts since start (or the last reset), most called first."""
     out = [OpRecord(name, total - fb, fb, wide) for name, total, fb, wide in _C._op_counts()]
+    out += [OpRecord(name, count, 0) for name, count in nki.launch_counts().items()]  # NKI kernel launches
     return sorted(out, key=lambda r: (-(r.executed + r.fallback), r.name))
 
 
@@ -57,6 +59,7 @@ def fallback_ops() -> dict[str, int]:
 def reset() -> None:
     """Zero all counts."""
     _C._reset_op_counts()
+    nki.reset_launch_counts()
 
 
 def get_fallback_ops() -> list[str]:

@@ -2,7 +2,11 @@
 // host memory: device tensors are handed to Gloo as CPU tensors aliasing the
 // same memory, so nothing is copied on the way in or out. The wrapper adds
 // what Gloo lacks (PREMUL_SUM, which FSDP2 uses for gradient division) and
-// counts each collective and the bytes it moved, per process group.
+// counts each collective and the bytes it moved, per process group. As
+// TorchNeuron's backend (NEURON_USE_SPLIT_ALLGATHER / _REDUCE_SCATTER), an
+// all_gather_into_tensor or reduce_scatter_tensor larger than the bucket size
+// (COLLECTIVE_BUCKETSIZE_IN_MB) runs as bucket-sized pieces, with the same
+// result; the pieces are counted as "<collective>_pieces".
 #include "../neuron.h"
 
 #include <pybind11/chrono.h>
@@ -12,6 +16,7 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 
@@ -139,7 +144,25 @@ class ProcessGroupNeuron final : public c10d::Backend {
     count("all_gather_into_tensor", nbytes({output}));
     auto o = flat_if_stacked(host_view(output), input);
     auto i = host_view(input);
-    return traced(host_->_allgather_base(o, i, opts));
+    const int64_t n = i.numel();
+    const int64_t per_piece = piece_elements(split_allgather_, nbytes({output}), i.element_size());
+    if (per_piece == 0 || !i.is_contiguous() || !o.is_contiguous() || o.numel() != n * getSize()) {
+      return traced(host_->_allgather_base(o, i, opts));
+    }
+    // Each piece gathers elements [a, b) of every rank's shard into a staging buffer, then lands in place.
+    const auto flat_in = i.reshape({n});
+    const auto by_rank = o.view({getSize(), n});
+    c10::intrusive_ptr<c10d::Work> work;
+    for (int64_t a = 0; a < n; a += per_piece) {
+      const int64_t len = std::min(per_piece, n - a);
+      tally("all_gather_into_tensor_pieces", len * i.element_size() * getSize());
+      auto piece_in = flat_in.narrow(0, a, len);
+      auto staged = at::empty({getSize() * len}, i.options());
+      work = host_->_allgather_base(staged, piece_in, opts);
+      work->wait();
+      by_rank.narrow(1, a, len).copy_(staged.view({getSize(), len}));
+    }
+    return traced(work);
   }
 
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -198,11 +221,29 @@ class ProcessGroupNeuron final : public c10d::Backend {
     count("reduce_scatter_tensor", nbytes({input}));
     auto o = host_view(output);
     auto i = flat_if_stacked(host_view(input), output);
-    if (!is_premul(opts.reduceOp)) return traced(host_->_reduce_scatter_base(o, i, opts));
-    i = premultiplied(i, opts.reduceOp);  // a host copy: the caller's input stays as it was
     auto op = opts;
-    op.reduceOp = sum_op();
-    return traced(host_->_reduce_scatter_base(o, i, op));
+    if (is_premul(opts.reduceOp)) {
+      i = premultiplied(i, opts.reduceOp);  // a host copy: the caller's input stays as it was
+      op.reduceOp = sum_op();
+    }
+    const int64_t n = o.numel();
+    const int64_t per_piece = piece_elements(split_reduce_scatter_, nbytes({input}), o.element_size());
+    if (per_piece == 0 || !i.is_contiguous() || !o.is_contiguous() || i.numel() != n * getSize()) {
+      return traced(host_->_reduce_scatter_base(o, i, op));
+    }
+    // Each piece reduces elements [a, b) of every rank's block straight into the output's elements [a, b).
+    const auto by_rank = i.view({getSize(), n});
+    const auto flat_out = o.view({n});
+    c10::intrusive_ptr<c10d::Work> work;
+    for (int64_t a = 0; a < n; a += per_piece) {
+      const int64_t len = std::min(per_piece, n - a);
+      tally("reduce_scatter_tensor_pieces", len * o.element_size() * getSize());
+      auto staged = by_rank.narrow(1, a, len).contiguous().view({getSize() * len});
+      auto piece_out = flat_out.narrow(0, a, len);
+      work = host_->_reduce_scatter_base(piece_out, staged, op);
+      work->wait();
+    }
+    return traced(work);
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -263,6 +304,14 @@ class ProcessGroupNeuron final : public c10d::Backend {
     return traced(host_->barrier(o));
   }
 
+  // COLLECTIVE_BUCKETSIZE_IN_MB and the two split switches, read (and validated) by torch_neuronx.distributed.
+  void set_bucketing(int64_t bucket_bytes, bool split_allgather, bool split_reduce_scatter) {
+    TORCH_CHECK_VALUE(bucket_bytes > 0, "the collective bucket size must be positive, got ", bucket_bytes);
+    bucket_bytes_ = bucket_bytes;
+    split_allgather_ = split_allgather;
+    split_reduce_scatter_ = split_reduce_scatter;
+  }
+
   std::map<std::string, std::pair<int64_t, int64_t>> stats() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return stats_;
@@ -273,14 +322,22 @@ class ProcessGroupNeuron final : public c10d::Backend {
   }
 
  private:
+  // Elements of one rank's shard per piece when a collective of `total_bytes` must be split; 0: run it whole.
+  int64_t piece_elements(bool enabled, int64_t total_bytes, int64_t element_size) const {
+    if (!enabled || total_bytes <= bucket_bytes_ || element_size <= 0) return 0;
+    return std::max<int64_t>(1, bucket_bytes_ / (element_size * getSize()));
+  }
+
+  void tally(const char* name, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& s = stats_[name];
+    s.first += 1;
+    s.second += bytes;
+  }
+
   // Counts a collective, and notes it for traced() to time (when torch.profiler records device activity).
   void count(const char* name, int64_t bytes) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto& s = stats_[name];
-      s.first += 1;
-      s.second += bytes;
-    }
+    tally(name, bytes);
     t_pending = {name, bytes, device_profiling() ? profiler_now_ns() : 0};
   }
 
@@ -309,6 +366,9 @@ class ProcessGroupNeuron final : public c10d::Backend {
   static thread_local Pending t_pending;
 
   c10::intrusive_ptr<c10d::Backend> host_;
+  int64_t bucket_bytes_ = int64_t{512} << 20;  // TorchNeuron's default, 512 MB
+  bool split_allgather_ = true;
+  bool split_reduce_scatter_ = true;
   mutable std::mutex mutex_;
   std::map<std::string, std::pair<int64_t, int64_t>> stats_;  // collective -> (calls, bytes)
 };
@@ -328,6 +388,8 @@ void init_distributed(pybind11::module& m) {
       .def("_set_default_timeout",
            [](ProcessGroupNeuron& self, std::chrono::milliseconds timeout) { self.setTimeout(timeout); },
            py::arg("timeout"))
+      .def("_set_bucketing", &ProcessGroupNeuron::set_bucketing, py::arg("bucket_bytes"),
+           py::arg("split_allgather"), py::arg("split_reduce_scatter"))
       .def("comm_stats", &ProcessGroupNeuron::stats)
       .def("reset_comm_stats", &ProcessGroupNeuron::reset_stats);
 }

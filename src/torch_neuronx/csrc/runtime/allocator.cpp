@@ -773,8 +773,8 @@ REGISTER_ALLOCATOR(kNeuron, g_allocator);
 c10::DeviceAllocator* device_allocator() { return g_allocator; }
 
 c10::DataPtr allocate_on(c10::DeviceIndex index, size_t nbytes) {
-  runtime();         // raises in a forked child
-  alloc_settings();  // raises while PYTORCH_ALLOC_CONF is bad
+  check_index(index);  // raises in a forked child, and for a core this process does not attach to
+  alloc_settings();    // raises while PYTORCH_ALLOC_CONF is bad
   if (nbytes == 0) return {nullptr, nullptr, nullptr, neuron(index)};
   TORCH_CHECK_WITH(OutOfMemoryError, nbytes <= static_cast<size_t>(INT64_MAX), "neuron:", static_cast<int>(index),
                    " out of memory: tried to allocate ", nbytes, " bytes");

@@ -12,7 +12,9 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   void init() const override { runtime(); }
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return !in_bad_fork(); }  // emulated cores always exist
-  bool hasPrimaryContext(c10::DeviceIndex index) const override { return is_initialized(); }
+  // Only the cores this process attaches to have a context (autograd reads the current stream of each such
+  // index when a backward pass starts; under a process group, other ranks' indices have none).
+  bool hasPrimaryContext(c10::DeviceIndex index) const override { return is_attached(index); }
   c10::DeviceIndex deviceCount() const override { return device_count_or_zero(); }
   void setCurrentDevice(c10::DeviceIndex index) const override { set_current_device(index); }
   c10::DeviceIndex getCurrentDevice() const override { return current_device(); }

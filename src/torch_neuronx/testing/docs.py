@@ -1,0 +1,166 @@
+"""The Python samples of README.md and docs/*.md, as tests: every fenced ``python`` block is extracted and run.
+
+A sample shows the few lines that matter and leaves out what any script has
+(a model, a batch, a tokenizer): the comment line right above its fence names
+the fixtures that provide them, and how to run it::
+
+    <!-- doctest: model -->                 the fixture "model" runs first (MyModel, model, x, dataloader, ...)
+    <!-- doctest: qkv torchrun=2 -->        under torchrun with 2 processes (a short form of a larger launch)
+    <!-- doctest: continue -->              after the previous block of the same file, in one process
+    <!-- doctest: parse-only torch_xla -->  only parsed: code for another stack (the reason follows)
+
+A block without a comment runs as it is. Each block runs in a fresh process
+in an empty folder (tests/test_docs.py); a failure names the file and line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch_neuronx.testing.workers import BASE_ENV, free_port, torchrun_argv
+
+_FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```", re.S | re.M)
+_MARK = re.compile(r"<!--\s*doctest:(.*?)-->")
+
+# What the samples leave out. Sizes are small: these run in CI.
+FIXTURES: dict[str, str] = {
+    "torch": "import torch, torch_neuronx\n",
+    "model": '''
+import torch, torch_neuronx
+torch.manual_seed(0)
+class MyModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    def forward(self, x):
+        return self.net(x)
+dataloader = [(torch.randn(8, 16), torch.randint(0, 4, (8,))) for _ in range(3)]
+model = MyModel().to("neuron")
+x = torch.randn(8, 16, device="neuron")
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+def train_step():
+    loss = model(x).square().mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+''',
+    "lm": '''
+import torch, torch_neuronx
+from torch_neuronx.testing.models import TinyLM, lm_batch
+torch.manual_seed(0)
+class MyModel(TinyLM):
+    def __init__(self):
+        super().__init__(vocab=128, dim=32, heads=2, layers=1)
+    def forward(self, ids):
+        from types import SimpleNamespace
+        logits = super().forward(ids)
+        return SimpleNamespace(logits=logits, loss=logits.float().square().mean())
+x = lm_batch(2, 16, 128, seed=0).to("neuron")
+model = MyModel().to("neuron")
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+''',
+    "qkv": '''
+import torch, torch_neuronx
+import torch.nn.functional as F
+torch.manual_seed(0)
+q, k, v = (torch.randn(1, 2, 1024, 16, device="neuron", requires_grad=True) for _ in range(3))
+''',
+    "buckets": '''
+import random, torch, torch_neuronx
+rng = random.Random(0)
+dataset_lengths = [rng.randint(16, 1024) for _ in range(2000)]
+token_lists = [[rng.randrange(1, 100) for _ in range(n)] for n in (5, 130, 70)]
+input_ids = [torch.randint(1, 100, (n,)) for n in (200, 300)]
+mask = [torch.ones(n, dtype=torch.long) for n in (200, 300)]
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(128, 8)
+    def forward(self, input_ids, attention_mask):
+        return (self.embed(input_ids) * attention_mask[..., None]).sum(1)
+compiled = torch.compile(Model().to("neuron"), backend="neuron")
+''',
+    "hf": '''
+import os, torch, torch_neuronx
+from torch_neuronx.testing.hf import save_checkpoint
+path = str(save_checkpoint(f"tiny-llama-{os.environ.get('RANK', '0')}"))  # one per rank under torchrun
+from transformers import AutoTokenizer
+tokenizer = AutoTokenizer.from_pretrained(path)
+inputs = tokenizer(["the cat sat on"], return_tensors="pt")
+''',
+    "dist": '''
+import datetime, os, torch, torch_neuronx
+import torch.distributed as dist
+import torch.nn.functional as F
+world_size = int(os.environ.get("WORLD_SIZE", "1"))
+''',
+}
+
+
+@dataclass
+class Block:
+    """One fenced python block: where it is, its code, and its comment's words."""
+
+    path: Path
+    line: int
+    code: str
+    marks: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.path.name}:{self.line}"
+
+    def option(self, key: str) -> str | None:
+        return next((m.split("=", 1)[1] for m in self.marks if m.startswith(key + "=")), None)
+
+
+def blocks(paths: list[Path]) -> list[Block]:
+    """Every fenced python block of the files, with the words of the doctest comment just above it."""
+    found = []
+    for path in paths:
+        text = path.read_text()
+        for m in _FENCE.finditer(text):
+            before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
+            mark = _MARK.search(before)
+            marks = mark.group(1).split() if mark else []
+            unknown = [w for w in marks if w not in FIXTURES and w not in ("continue", "parse-only")
+                       and not w.startswith(("torchrun=", "env="))]
+            if unknown and "parse-only" not in marks:
+                raise ValueError(f"{path}:{text[: m.start()].count(chr(10)) + 1}: unknown doctest words {unknown}")
+            found.append(Block(path, text[: m.start()].count("\n") + 1, m.group(1), marks))
+    return found
+
+
+def program(block: Block, previous: list[Block]) -> str:
+    """The source that runs `block`: its fixtures, the blocks it continues, then its own code."""
+    parts = [FIXTURES[w] for w in block.marks if w in FIXTURES]
+    if "continue" in block.marks:
+        chain = []
+        for b in reversed(previous):
+            chain.insert(0, b)
+            if "continue" not in b.marks:
+                break
+        parts = [FIXTURES[w] for w in chain[0].marks if w in FIXTURES] + [b.code for b in chain]
+    return "\n".join(parts + [block.code])
+
+
+def run(block: Block, previous: list[Block], workdir: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run one block (under torchrun when it asks) in `workdir`; raises for a parse-only block that does not parse."""
+    source = program(block, previous)
+    if "parse-only" in block.marks:
+        compile(source, block.name, "exec")
+        return subprocess.CompletedProcess([], 0, "", "")
+    script = workdir / "sample.py"
+    script.write_text(source)
+    env = {**BASE_ENV, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    for item in (block.option("env") or "").split(","):
+        if "=" in item:
+            key, value = item.split("=", 1)
+            env[key] = value
+    nproc = block.option("torchrun")
+    argv = ([*torchrun_argv("--nproc-per-node", nproc, "--master-port", str(free_port())), str(script)]
+            if nproc else [sys.executable, str(script)])
+    return subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
