@@ -76,3 +76,10 @@ def test_a_slow_worker_start_is_not_a_stall() -> None:
     with WorkerPool([sys.executable, "-c", slow_start], stall_timeout=1.0) as pool:
         assert pool.run({"kind": "square", "x": 5}, timeout=120).value == 25
         assert pool.restarts == 0
+
+
+def test_a_task_without_a_deadline_still_detects_a_stall() -> None:
+    """timeout=inf is what the conformance run passes: no deadline, but a stall still ends the task."""
+    with WorkerPool([sys.executable, "-c", WORKER], stall_timeout=3.0) as pool:
+        assert pool.run({"kind": "square", "x": 4}, timeout=float("inf")).value == 16
+        assert pool.run({"kind": "hang"}, timeout=float("inf")).status == "stall"

@@ -208,8 +208,8 @@ class WorkerPool:
                 wait = min(wait, self.stall_timeout)
             if wait <= 0:
                 return self._lost("timeout", f"no answer within {timeout:.0f}s", events, start)
-            try:
-                line = worker.lines.get(timeout=wait)
+            try:  # an infinite task timeout (before the worker takes the task) waits for a line or its exit
+                line = worker.lines.get(timeout=None if wait == float("inf") else wait)
             except queue.Empty:
                 if not started or time.monotonic() - start >= timeout:
                     return self._lost("timeout", f"no answer within {timeout:.0f}s", events, start)
