@@ -13,6 +13,9 @@ from typing import Any
 LLAMA3_8B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
              "max_position_embeddings": 8192, "rope_theta": 500000.0, "tie_word_embeddings": False}
+# Llama-3.1-70B's (meta-llama/Llama-3.1-70B config.json): 80 layers, hidden 8192, 64 query and 8 key/value heads.
+LLAMA31_70B = {**LLAMA3_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+               "num_attention_heads": 64, "max_position_embeddings": 131072}
 
 
 def tiny_llama() -> Any:

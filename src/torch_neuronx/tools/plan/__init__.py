@@ -254,11 +254,9 @@ def _measure(result: Plan, top: int, hbm_per_core: int | None, workdir: Path | N
         raise PlanError("--measure needs a Hugging Face config (config.json, model directory or a config object) to "
                         "build the model from")
     s = result.settings
-    if s["sequence_parallel"]:
-        raise PlanError("--measure runs Transformers' tensor parallelism, which has no sequence parallelism: plan "
-                        "--sequence-parallel analytically, without --measure")
     fitting = [lp for lp in result.layouts if lp.fits]
-    why = {lp.layout: measurable(lp.layout, s["zero1"], s["precision"], s["checkpointing"]) for lp in fitting}
+    why = {lp.layout: measurable(lp.layout, s["zero1"], s["precision"], s["checkpointing"], s["sequence_parallel"],
+                                 s["seq_len"]) for lp in fitting}
     todo = [lp for lp in fitting if not why[lp.layout]][:top]
     if not todo:
         reasons = "; ".join(sorted({w for w in why.values() if w})) or "no layout fits"
@@ -270,6 +268,11 @@ def _measure(result: Plan, top: int, hbm_per_core: int | None, workdir: Path | N
                            seq_len=s["seq_len"], precision=s["precision"], checkpointing=s["checkpointing"],
                            instance=result.hardware.instance.name, lnc=result.hardware.lnc,
                            hbm_per_core=hbm_per_core, workdir=workdir, zero1=s["zero1"],
+                           sequence_parallel=s["sequence_parallel"],
                            global_batch=s["global_batch"])
     for lp, run in zip(todo, runs, strict=True):
         lp.measured = compare(lp, run)
+    last = fitting.index(todo[-1])
+    for lp in fitting[:last]:  # ranked above a measured layout, yet not run: say why
+        if why[lp.layout]:
+            result.notes.append(f"--measure skipped {lp.layout.name}: {why[lp.layout]}")

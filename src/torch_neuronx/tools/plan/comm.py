@@ -20,7 +20,8 @@ reduce-scatter, the tensor of an all-reduce, the tensor of a send or recv.
   layers and an all-gather before the column-wise ones (in forward; the
   reverse in backward, plus the re-gathered input of the column-wise layers'
   weight gradients); its vocabulary-parallel cross-entropy all-reduces three
-  fp32 numbers per token instead of gathering the logits.
+  fp32 numbers per token instead of gathering the logits, and the norms'
+  replicated weights have their gradients all-reduced once per step.
 * Pipeline stages send the boundary activation forward and receive its
   gradient back, once per micro-batch.
 
@@ -114,10 +115,11 @@ def sp_collectives(layers: int, checkpointing: str) -> tuple[int, int]:
 
     Per layer, forward: all-gather before attention and before the MLP, reduce-scatter after each; backward: the
     mirror images (2 + 2) and the re-gathered inputs of the two column-wise layers' weight gradients (2). Full
-    recomputation repeats the forward's (2 + 2)."""
+    recomputation repeats the forward's up to the last tensor backward needs (torch's non-reentrant checkpoint stops
+    there): both gathers and the attention's reduce-scatter, not the MLP's (its output is never saved)."""
     gathers, scatters = 2 + 2 + 2, 2 + 2
     if checkpointing == "full":
-        gathers, scatters = gathers + 2, scatters + 2
+        gathers, scatters = gathers + 2, scatters + 1
     return gathers * layers, scatters * layers
 
 
@@ -156,9 +158,9 @@ def collectives(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, mic
         ends = int(first) + int(last)  # the embedding's forward all-reduce, the LM head's input gradient
         if sp:
             gathers, scatters = sp_collectives(layers, checkpointing)
-            # the embedding's output reduce-scattered (its gradient gathered back), the final norm's output gathered
-            # for the LM head (its gradient reduce-scattered)
-            gathers, scatters = gathers + ends, scatters + ends
+            # the embedding's output reduce-scattered (its gradient gathered back); the final norm's output gathered
+            # for the LM head, gathered again for its weight gradient, its input gradient reduce-scattered
+            gathers, scatters = gathers + ends + int(last), scatters + ends
             out.append(_make(hw, "all_gather_into_tensor", "tp", gathers * micro_steps, gathers * act * micro_steps,
                              tp, 1))
             out.append(_make(hw, "reduce_scatter_tensor", "tp", scatters * micro_steps,
@@ -166,9 +168,15 @@ def collectives(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, mic
         else:
             calls = (tp_all_reduces(m, checkpointing) - 2) // m.layers * layers + ends
             out.append(_make(hw, "all_reduce", "tp", calls * micro_steps, calls * act * micro_steps, tp, 1))
-        if last and sp:  # vocabulary-parallel cross-entropy: the max, the sum of exponentials, the target logit
-            out.append(_make(hw, "all_reduce", "tp", 3 * micro_steps, 3 * tokens * 4 * micro_steps, tp, 1))
-        elif last:  # the LM head gathers the logits
+        if sp:
+            # the norms' weights are replicated and see a sequence shard each: their gradients are summed over TP
+            # once per step (one flat buffer); a vocabulary-parallel cross-entropy all-reduces the max, the sum of
+            # exponentials and the target logit, fp32 per token
+            norms = (2 * layers + int(last)) * m.hidden * (prec.reduce if prec.param == 4 else prec.param)
+            out.append(_make(hw, "all_reduce", "tp", 1, norms, tp, 1, False))
+            if last:
+                out.append(_make(hw, "all_reduce", "tp", 3 * micro_steps, 3 * tokens * 4 * micro_steps, tp, 1))
+        if last and not sp:  # the LM head gathers the logits
             out.append(_make(hw, "all_gather_into_tensor_coalesced", "tp", micro_steps,
                              tokens * m.vocab * prec.compute * micro_steps, tp, 1))
     if pp > 1:

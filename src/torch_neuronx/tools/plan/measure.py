@@ -10,7 +10,9 @@ then measures one more step: the caching allocator's peak
 (``torch.neuron.max_memory_allocated``) and the bytes each process group
 moved (``torch_neuronx.distributed.comm_stats``).
 
-ZeRO-1 layouts (DP only) run the replicated model with a flat ZeRO-1
+Sequence-parallel layouts (TP only) run the Megatron / NxD scheme the planner
+models (:mod:`~torch_neuronx.tools.plan.sequence_parallel`). ZeRO-1 layouts
+(DP only) run the replicated model with a flat ZeRO-1
 optimizer written with plain collectives (:class:`Zero1`: gradients
 reduce-scattered over DP into a flat buffer, AdamW on this rank's shard of
 the parameters, the updated shards all-gathered). Pipeline layouts (PP only)
@@ -43,7 +45,7 @@ def save_checkpoint(config: Any, path: Path, seed: int = 0) -> Path:
 
 def measure_layouts(config: Any, layouts: list[Layout], *, micro_batch: int, seq_len: int, precision: str,
                     checkpointing: str, instance: str = "trn1.32xlarge", lnc: int = 1, hbm_per_core: int | None = None,
-                    workdir: Path | None = None, zero1: bool = False,
+                    workdir: Path | None = None, zero1: bool = False, sequence_parallel: bool = False,
                     global_batch: int | None = None) -> list[dict[str, Any]]:
     """Run one optimizer step of each layout for real; one dict per layout with the ranks' peak memory and comm
     bytes per group. A step is `global_batch` sequences: `global_batch / (micro_batch x FSDP x DP)` micro-batches
@@ -58,7 +60,7 @@ def measure_layouts(config: Any, layouts: list[Layout], *, micro_batch: int, seq
         raise ValueError("--measure runs 'none' or 'full' activation checkpointing; Transformers has no selective "
                          "recomputation to run: plan 'selective' analytically, without --measure")
     for layout in layouts:
-        problem = measurable(layout, zero1, precision, checkpointing)
+        problem = measurable(layout, zero1, precision, checkpointing, sequence_parallel, seq_len)
         if problem:
             raise ValueError(f"--measure cannot run layout {layout}: {problem}")
     if workdir is None:
@@ -66,19 +68,21 @@ def measure_layouts(config: Any, layouts: list[Layout], *, micro_batch: int, seq
             return measure_layouts(config, layouts, micro_batch=micro_batch, seq_len=seq_len, precision=precision,
                                    checkpointing=checkpointing, instance=instance, lnc=lnc,
                                    hbm_per_core=hbm_per_core, workdir=Path(tmp), zero1=zero1,
-                                   global_batch=global_batch)
+                                   sequence_parallel=sequence_parallel, global_batch=global_batch)
     work = Path(workdir)
     ckpt = save_checkpoint(config, work / "checkpoint")
     results = []
     for layout in layouts:
         z = zero1 and layout.dp > 1  # ZeRO-1 shards over DP: without DP it is the plain layout
+        sp = sequence_parallel and layout.tp > 1  # likewise sequence parallelism over TP
         micro_steps = max(1, (global_batch or 0) // (micro_batch * layout.data_parallel))
-        out = work / f"tp{layout.tp}_pp{layout.pp}_fsdp{layout.fsdp}_dp{layout.dp}{'_zero1' if z else ''}"
+        suffix = ("_zero1" if z else "") + ("_sp" if sp else "")
+        out = work / f"tp{layout.tp}_pp{layout.pp}_fsdp{layout.fsdp}_dp{layout.dp}{suffix}"
         out.mkdir(parents=True, exist_ok=True)
         port = free_port()
         args = [sys.executable, "-m", "torch_neuronx.tools.plan.measure", str(ckpt), str(out),
                 str(layout.tp), str(layout.fsdp), str(layout.dp), str(micro_batch), str(seq_len), precision,
-                checkpointing, str(layout.pp), str(int(z)), str(micro_steps)]
+                checkpointing, str(layout.pp), str(int(z)), str(micro_steps), str(int(sp))]
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "TORCH_NEURONX_INSTANCE_TYPE": instance,
                "NEURON_LOGICAL_NC_CONFIG": str(lnc)}
         if hbm_per_core:
@@ -90,12 +94,21 @@ def measure_layouts(config: Any, layouts: list[Layout], *, micro_batch: int, seq
             raise RuntimeError(f"--measure of layout {layout} failed:\n{logs}")
         ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(layout.world)]
         results.append({"tp": layout.tp, "fsdp": layout.fsdp, "dp": layout.dp, "pp": layout.pp, "zero1": z,
+                        "sequence_parallel": sp,
                         "micro_steps": micro_steps, "per_step": True, "ranks": ranks})
     return results
 
 
-def measurable(layout: Layout, zero1: bool, precision: str, checkpointing: str) -> str:
+def measurable(layout: Layout, zero1: bool, precision: str, checkpointing: str, sequence_parallel: bool = False,
+               seq_len: int = 0) -> str:
     """Why `layout` cannot be run by --measure ("" when it can)."""
+    if sequence_parallel and layout.tp > 1:
+        if (layout.fsdp, layout.dp, layout.pp) != (1, 1, 1):
+            return "sequence parallelism is measured over TP alone (PP = FSDP = DP = 1)"
+        if precision == "bf16-mixed":
+            return "sequence parallelism is measured in fp32 or bf16 (bf16-mixed is FSDP2's mixed precision)"
+        if seq_len % layout.tp:
+            return f"sequence parallelism splits the sequence over TP: {seq_len} tokens do not divide by {layout.tp}"
     if zero1 and layout.dp > 1:
         if (layout.tp, layout.fsdp, layout.pp) != (1, 1, 1):
             return "ZeRO-1 is measured over data parallelism alone (TP = PP = FSDP = 1)"
@@ -223,7 +236,7 @@ def _worker(argv: list[str]) -> None:
     ckpt, out = Path(argv[0]), Path(argv[1])
     tp, fsdp, dp, micro_batch, seq_len = (int(a) for a in argv[2:7])
     precision, checkpointing = argv[7], argv[8]
-    pp, zero1, micro_steps = (int(a) for a in argv[9:12])
+    pp, zero1, micro_steps, sp = (int(a) for a in argv[9:13])
     torch.set_num_threads(1)
     dist.init_process_group("neuron")
     rank = dist.get_rank()
@@ -233,13 +246,15 @@ def _worker(argv: list[str]) -> None:
     g = torch.Generator().manual_seed(data_rank)
     if pp > 1:
         step, vocab = _pipeline_step(ckpt, pp, rank, device, dtype, micro_steps)
+    elif sp:
+        step, vocab = _sequence_parallel_step(ckpt, device, dtype, checkpointing, micro_batch)
     else:
         step, vocab = _plain_step(ckpt, tp, fsdp, dp, precision, checkpointing, device, dtype, bool(zero1),
                                   micro_batch)
     rows = micro_batch * micro_steps
     batches = [torch.randint(4, vocab, (rows, seq_len), generator=g).to(device) for _ in range(2)]
     after_load = torch.neuron.memory_allocated(device)
-    step(batches[0])  # warm-up: creates the optimizer state (and a pipeline's shapes)
+    warm_loss = step(batches[0])  # warm-up: creates the optimizer state (and a pipeline's shapes)
     torch.neuron.synchronize()
     groups = [pg for pg in dist.distributed_c10d._world.pg_group_ranks
               if isinstance(pg, dist.ProcessGroup) and pg.size() > 1]
@@ -262,8 +277,9 @@ def _worker(argv: list[str]) -> None:
         ranks = sorted(dist.get_process_group_ranks(pg))
         if rank in ranks:
             comm.append({"group": group_label(ranks, tp, fsdp, dp), "ranks": ranks, "stats": nd.comm_stats(pg)})
-    record = {"rank": rank, "loss": loss, "seconds": seconds, "after_load_allocated": after_load,
-              "step_start_allocated": before, "peak_allocated": torch.neuron.max_memory_allocated(device),
+    record = {"rank": rank, "warm_up_loss": warm_loss, "loss": loss, "seconds": seconds,
+              "after_load_allocated": after_load, "step_start_allocated": before,
+              "peak_allocated": torch.neuron.max_memory_allocated(device),
               "peak_reserved": stats.get("reserved_bytes.all.peak", 0), "comm": comm}
     (out / f"rank{rank}.json").write_text(json.dumps(record, indent=1))
     dist.destroy_process_group()
@@ -306,6 +322,36 @@ def _plain_step(ckpt: Path, tp: int, fsdp: int, dp: int, precision: str, checkpo
         return total
 
     return step, model.config.vocab_size
+
+
+def _sequence_parallel_step(ckpt: Path, device: Any, dtype: Any, checkpointing: str,
+                            micro_batch: int) -> tuple[Any, int]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from torch_neuronx.tools.plan.sequence_parallel import SequenceParallelLlama
+
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype)  # on the host; only this rank's shard moves
+    module = SequenceParallelLlama(model, checkpointing=checkpointing == "full").to(device)
+    module.train()
+    vocab = model.config.vocab_size
+    del model
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3, foreach=False)
+
+    def step(ids: Any) -> float:
+        chunks = ids.split(micro_batch)
+        total = 0.0
+        for chunk in chunks:  # gradient accumulation
+            target = torch.cat([chunk[:, 1:], torch.full_like(chunk[:, :1], -100)], dim=1)  # next-token labels
+            loss = module(chunk, target) / len(chunks)
+            loss.backward()
+            total += float(loss.detach().float().cpu())
+        module.all_reduce_norm_grads()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return total
+
+    return step, vocab
 
 
 def _pipeline_step(ckpt: Path, pp: int, rank: int, device: Any, dtype: Any, micro_steps: int) -> tuple[Any, int]:
@@ -363,17 +409,23 @@ def compare(lp: Any, run: dict[str, Any]) -> dict[str, Any]:
     """The measured step beside the analytic figures of its layout plan (per micro-batch)."""
     peak = max(r["peak_allocated"] for r in run["ranks"])
     got = measured_comm(run)
-    rows = []
-    for c in lp.comm:
-        seen = got.pop((c.group, c.collective), {"calls": 0, "bytes": 0})
+    analytic: dict[tuple[str, str], dict[str, int]] = {}
+    for c in lp.comm:  # one row per (group, collective): a kind may be planned in parts (per micro-batch, per step)
         # the measured step runs one micro-batch, or (a pipeline) the whole step
         k = lp.micro_steps if c.per_micro_batch and not run.get("per_step") else 1
-        rows.append({"group": c.group, "collective": c.collective, "analytic_calls": c.calls // k,
-                     "analytic_bytes": c.bytes // k, "calls": seen["calls"], "bytes": seen["bytes"]})
+        row = analytic.setdefault((c.group, c.collective), {"calls": 0, "bytes": 0})
+        row["calls"] += c.calls // k
+        row["bytes"] += c.bytes // k
+    rows = []
+    for (group, name), a in analytic.items():
+        seen = got.pop((group, name), {"calls": 0, "bytes": 0})
+        rows.append({"group": group, "collective": name, "analytic_calls": a["calls"], "analytic_bytes": a["bytes"],
+                     "calls": seen["calls"], "bytes": seen["bytes"]})
     rows += [{"group": g, "collective": n, "analytic_calls": 0, "analytic_bytes": 0, **s} for (g, n), s in got.items()]
     reserved = max(r["peak_reserved"] for r in run["ranks"])
     return {"peak_allocated": peak, "peak_reserved": reserved, "analytic_peak": lp.memory.total,
             "memory_error": lp.memory.total / peak - 1, "analytic_reserved": lp.memory.reserved,
             "reserved_error": lp.memory.reserved / reserved - 1 if reserved else 0.0,
             "comm": rows, "comm_exact": all(r["bytes"] == r["analytic_bytes"] for r in rows),
-            "step_seconds_emulated": max(r["seconds"] for r in run["ranks"])}
+            "step_seconds_emulated": max(r["seconds"] for r in run["ranks"]),
+            "loss": run["ranks"][-1]["loss"], "warm_up_loss": run["ranks"][-1]["warm_up_loss"]}

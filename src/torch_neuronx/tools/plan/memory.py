@@ -248,6 +248,12 @@ def backward_end_buffers(m: ModelSpec, layout: Layout, prec: Precision) -> Tally
     return t.add(numel * prec.compute).add(numel * prec.reduce).add(numel // layout.fsdp * prec.reduce)
 
 
+def reduction_buffers(m: ModelSpec, layout: Layout, prec: Precision) -> Tally:
+    """FSDP2's reduce-scatter of one decoder layer's gradients: the flat input and this rank's output shard."""
+    numel = _layer_numel(m, layout)
+    return Tally().add(numel * prec.reduce).add(numel // layout.fsdp * prec.reduce)
+
+
 def _layer_grads(m: ModelSpec, layout: Layout, element: int) -> Tally:
     layer = next(g for g in groups(m, layout) if g.name == "decoder layer")
     t = Tally()
@@ -302,20 +308,26 @@ def _stage_memory(m: ModelSpec, layout: Layout, prec: Precision, micro_batch: in
     else:
         moments = state_tally(m, layout, prec.param, stage).times(2)
     layers = next(g.count for g in groups(m, layout, stage) if g.name == "decoder layer")
-    acts = layer_activations(m, layout.tp, tokens, a, checkpointing, sp).times(layers)
-    if checkpointing == "full":  # one layer recomputed at a time during backward
-        acts = acts + layer_activations(m, layout.tp, tokens, a, "none", sp)
-    one = acts
+    one = layer_activations(m, layout.tp, tokens, a, checkpointing, sp).times(layers)  # one micro-batch's, saved
+    # full recomputation: during a layer's backward that layer's activations are alive again, one layer at a time
+    recomputed = layer_activations(m, layout.tp, tokens, a, "none", sp) if checkpointing == "full" else Tally()
     k = in_flight(layout, stage, micro_steps)
-    acts = one.times(k)
-    # two moments of backward hold everything saved: the loss's backward (last stage), then the last layer's
+    # two moments of backward hold everything saved: the last layer's (its recomputed activations, the gathered
+    # weights, the MLP's gradients), and on the last stage, before it, the loss's
+    acts = one.times(k) + recomputed
     buffers = fsdp_buffers(m, lay, prec, stage) + layer_backward(m, layout.tp, tokens, a)
+    if checkpointing == "full" and fsdp_applied:
+        # every layer's backward then starts as high as the last one's, and FSDP2 frees a reduce-scatter's flat
+        # input and output shard only when it issues the next: the layer above's are alive during the recomputation
+        # (the layer's own gradients come after it, as its recomputed activations are freed)
+        buffers = fsdp_buffers(m, lay, prec, stage) + reduction_buffers(m, lay, prec)
+    at_loss = False
     if stage == layout.pp - 1:
         # (with TP the gathered layers are still alive then: measured steps show it)
         loss = fsdp_buffers(m, lay, prec, stage, layers=layout.tp > 1) + loss_buffers(m, layout.tp, tokens, a,
                                                                                       vocab_parallel=sp)
-        if loss.total > buffers.total:
-            buffers = loss
+        if one.times(k).total + loss.total > acts.total + buffers.total:
+            acts, buffers, at_loss = one.times(k), loss, True
     if layout.pp > 1:  # the activation received from the previous stage and the gradient sent back
         buffers = buffers.add(tokens * m.hidden * a // (layout.tp if sp else 1), 2)
     if zero1:  # after backward the gradients are copied into one flat buffer for the reduce-scatter
@@ -327,7 +339,7 @@ def _stage_memory(m: ModelSpec, layout: Layout, prec: Precision, micro_batch: in
         end_total = end.total - _layer_grads(m, lay, grad_bytes).total
     accumulated = Tally()
     if micro_steps > 1:  # gradient accumulation: a later micro-batch's backward starts with the gradients alive
-        later = one.times(k if micro_steps > k else k - 1)
+        later = one.times(k if micro_steps > k else k - 1) + (Tally() if at_loss else recomputed)
         if grads.total + later.total > acts.total:
             acts, accumulated = later, grads
     start = acts.total + buffers.total + accumulated.total >= grads.total + end_total

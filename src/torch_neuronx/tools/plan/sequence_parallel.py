@@ -1,0 +1,223 @@
+"""Megatron / NeuronX Distributed sequence parallelism for a Hugging Face Llama, so ``plan --measure`` can run it.
+
+The planner's ``--sequence-parallel`` is the tensor parallelism NeuronX
+Distributed (NxD) and Megatron-LM run: between the tensor-parallel blocks
+the residual stream is split along the sequence over the TP ranks, an
+all-gather rebuilds the whole sequence in front of each column-parallel
+block (fused QKV, fused gate-up, the LM head) and a reduce-scatter replaces
+the all-reduce behind each row-parallel one. A column-parallel block keeps
+only its sequence shard for backward and gathers it again there for the
+weight gradient (NxD's ``ColumnParallelLinear(sequence_parallel_enabled=
+True)``); the embedding is vocabulary-parallel, its partial sums
+reduce-scattered; the loss is a vocabulary-parallel cross-entropy (three
+fp32 all-reduces per token: the max, the sum of exponentials, the target
+logit); the norms' weights are replicated and their gradients, partial per
+sequence shard, are all-reduced once per step.
+
+:class:`SequenceParallelLlama` builds this from a loaded Llama with plain
+``torch.distributed`` collectives over one TP group, so
+``torch_neuronx.distributed.comm_stats`` counts every byte the planner
+predicts. It is a measuring instrument, not a training library: a run that
+wants sequence parallelism uses NxD or PyTorch's ``SequenceParallel``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd import Function
+
+
+def gather_sequence(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """[b, s/t, h] on each rank -> [b, s, h]: one all-gather of the whole sequence."""
+    t = dist.get_world_size(group)
+    out = x.new_empty((t, *x.shape))
+    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+    b, s, h = x.shape
+    return out.transpose(0, 1).reshape(b, t * s, h)
+
+
+def scatter_sequence(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """[b, s, h] partial sums on each rank -> this rank's [b, s/t, h] of their sum: one reduce-scatter."""
+    t = dist.get_world_size(group)
+    b, s, h = x.shape
+    out = x.new_empty((b, s // t, h))
+    dist.reduce_scatter_tensor(out, x.view(b, t, s // t, h).transpose(0, 1).contiguous(), group=group)
+    return out
+
+
+class _ScatterSequence(Function):
+    """Behind a row-parallel block: reduce-scatter forward, all-gather backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return scatter_sequence(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return gather_sequence(grad, ctx.group), None
+
+
+class _ColumnParallel(Function):
+    """In front of column-parallel blocks sharing one input (fused QKV, fused gate-up, the LM head): all-gather the
+    sequence, multiply; keep only the shard, gather it again for the weight gradients, reduce-scatter the input's."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.group = group
+        ctx.save_for_backward(x, *weights)
+        full = gather_sequence(x, group)
+        return tuple(F.linear(full, w) for w in weights)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, *weights = ctx.saved_tensors
+        grad_in = grads[0] @ weights[0]
+        for g, w in zip(grads[1:], weights[1:], strict=True):
+            grad_in += g @ w
+        grad_in = scatter_sequence(grad_in, ctx.group)
+        full = gather_sequence(x, ctx.group).flatten(0, 1)
+        grad_w = tuple(g.flatten(0, 1).t() @ full for g in grads)
+        return (grad_in, None, *grad_w)
+
+
+class _VocabParallelCrossEntropy(Function):
+    """Mean cross-entropy of vocabulary-sharded logits [b, s, V/t]; targets of -100 are ignored."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, group: Any, lo: int) -> torch.Tensor:
+        n = logits.shape[-1]
+        z = logits.to(torch.float32, copy=True)
+        top = z.amax(-1)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        z.sub_(top.unsqueeze(-1))
+        valid = target != -100
+        local = target - lo
+        mine = valid & (local >= 0) & (local < n)
+        local = local.clamp(0, n - 1).unsqueeze(-1)
+        picked = z.gather(-1, local).squeeze(-1).masked_fill_(~mine, 0.0)
+        z.exp_()
+        total = z.sum(-1)
+        dist.all_reduce(total, group=group)
+        dist.all_reduce(picked, group=group)
+        count = valid.sum().clamp(min=1)
+        loss = ((total.log() - picked) * valid).sum() / count
+        z.div_(total.unsqueeze(-1))  # the softmax: its gradient, less the one-hot target
+        ctx.save_for_backward(z, local, mine, valid, count)
+        ctx.dtype = logits.dtype
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        z, local, mine, valid, count = ctx.saved_tensors
+        z.scatter_add_(-1, local, -mine.unsqueeze(-1).to(z.dtype))
+        z.mul_((valid.to(z.dtype) * (grad / count)).unsqueeze(-1))
+        return z.to(ctx.dtype), None, None, None
+
+
+def _rows(w: torch.Tensor, rank: int, t: int) -> nn.Parameter:
+    n = w.shape[0] // t
+    return nn.Parameter(w.detach()[rank * n:(rank + 1) * n].clone())
+
+
+def _cols(w: torch.Tensor, rank: int, t: int) -> nn.Parameter:
+    n = w.shape[1] // t
+    return nn.Parameter(w.detach()[:, rank * n:(rank + 1) * n].clone())
+
+
+class _Layer(nn.Module):
+    def __init__(self, layer: Any, rank: int, t: int) -> None:
+        super().__init__()
+        attn, mlp = layer.self_attn, layer.mlp
+        # copies: the shard never aliases the model it was cut from
+        self.input_layernorm = copy.deepcopy(layer.input_layernorm)
+        self.post_attention_layernorm = copy.deepcopy(layer.post_attention_layernorm)
+        self.q, self.k, self.v = (_rows(p.weight, rank, t) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        self.o = _cols(attn.o_proj.weight, rank, t)
+        self.gate, self.up = _rows(mlp.gate_proj.weight, rank, t), _rows(mlp.up_proj.weight, rank, t)
+        self.down = _cols(mlp.down_proj.weight, rank, t)
+        self.act = mlp.act_fn
+        self.head_dim = attn.head_dim
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, group: Any) -> torch.Tensor:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        b, s, d = h.shape[0], cos.shape[1], self.head_dim
+        q, k, v = _ColumnParallel.apply(self.input_layernorm(h), group, self.q, self.k, self.v)
+        q, k, v = (y.view(b, s, -1, d).transpose(1, 2) for y in (q, k, v))
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=d ** -0.5,
+                                           enable_gqa=q.shape[1] != k.shape[1])
+        o = o.transpose(1, 2).reshape(b, s, -1)
+        h = h + _ScatterSequence.apply(F.linear(o, self.o), group)
+        gate, up = _ColumnParallel.apply(self.post_attention_layernorm(h), group, self.gate, self.up)
+        return h + _ScatterSequence.apply(F.linear(self.act(gate) * up, self.down), group)
+
+
+class SequenceParallelLlama(nn.Module):
+    """This rank's shard of a Hugging Face Llama (or Mistral) under Megatron / NxD sequence parallelism over `group`
+    (default: the whole world). ``forward(ids, target)`` returns the mean next-token loss."""
+
+    def __init__(self, model: Any, group: Any = None, checkpointing: bool = False) -> None:
+        super().__init__()
+        self.group = group
+        t, rank = dist.get_world_size(group), dist.get_rank(group)
+        inner = model.model
+        vocab = model.config.vocab_size
+        if vocab % t or model.config.num_key_value_heads % t:
+            raise ValueError(f"sequence parallelism over {t} ranks needs the vocabulary ({vocab}) and the key/value "
+                             f"heads ({model.config.num_key_value_heads}) to divide evenly")
+        self.lo = rank * (vocab // t)
+        self.embed = _rows(inner.embed_tokens.weight, rank, t)
+        pad = inner.embed_tokens.padding_idx  # its row gets no gradient, as in nn.Embedding
+        self.padding_idx = pad - self.lo if pad is not None and 0 <= pad - self.lo < vocab // t else None
+        self.layers = nn.ModuleList(_Layer(layer, rank, t) for layer in inner.layers)
+        self.norm, self.rotary = copy.deepcopy(inner.norm), copy.deepcopy(inner.rotary_emb)
+        self.head = _rows(model.lm_head.weight, rank, t)
+        self.checkpointing = checkpointing
+
+    def norm_weights(self) -> list[nn.Parameter]:
+        """The replicated weights whose gradients each rank sees only for its part of the sequence."""
+        out = [self.norm.weight]
+        for layer in self.layers:
+            out += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+        return out
+
+    def all_reduce_norm_grads(self) -> None:
+        """Sum the norms' partial gradients over the group: one all-reduce of one flat buffer, once per step."""
+        params = [p for p in self.norm_weights() if p.grad is not None]
+        if not params:
+            return
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat, group=self.group)
+        off = 0
+        for p in params:
+            p.grad.copy_(flat[off:off + p.numel()].view_as(p))
+            off += p.numel()
+
+    def forward(self, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        t = dist.get_world_size(self.group)
+        b, s = ids.shape
+        if s % t:
+            raise ValueError(f"sequence parallelism splits the sequence over {t} ranks: {s} tokens do not divide")
+        n = self.embed.shape[0]
+        local = ids - self.lo
+        outside = (local < 0) | (local >= n)
+        e = F.embedding(local.masked_fill(outside, 0), self.embed, self.padding_idx)
+        e = e.masked_fill(outside.unsqueeze(-1), 0.0)
+        h = _ScatterSequence.apply(e, self.group)
+        pos = torch.arange(s, device=ids.device).unsqueeze(0)
+        cos, sin = self.rotary(h, pos)
+        for layer in self.layers:
+            if self.checkpointing:
+                h = torch.utils.checkpoint.checkpoint(layer, h, cos, sin, self.group, use_reentrant=False)
+            else:
+                h = layer(h, cos, sin, self.group)
+        (logits,) = _ColumnParallel.apply(self.norm(h), self.group, self.head)
+        return _VocabParallelCrossEntropy.apply(logits, target, self.group, self.lo)
