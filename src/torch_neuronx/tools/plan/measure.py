@@ -171,14 +171,14 @@ class Zero1:
             p.grad = None
             off += p.numel()
         grad = torch.empty(self.shard, dtype=grad_dtype, device=self.master.device)
-        dist.reduce_scatter_tensor(grad, flat)
+        dist.reduce_scatter_single(grad, flat)
         del flat
         self.master.grad = grad.div_(self.world)
         self.optimizer.step()
         self.master.grad = None
         del grad
         full = torch.empty(self.padded, dtype=self.master.dtype, device=self.master.device)
-        dist.all_gather_into_tensor(full, self.master.detach())
+        dist.all_gather_single(full, self.master.detach())
         off = 0
         with torch.no_grad():
             for p in self.params:

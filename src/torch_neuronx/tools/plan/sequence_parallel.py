@@ -37,7 +37,7 @@ def gather_sequence(x: torch.Tensor, group: Any) -> torch.Tensor:
     """[b, s/t, h] on each rank -> [b, s, h]: one all-gather of the whole sequence."""
     t = dist.get_world_size(group)
     out = x.new_empty((t, *x.shape))
-    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+    dist.all_gather_single(out, x.contiguous(), group=group)
     b, s, h = x.shape
     return out.transpose(0, 1).reshape(b, t * s, h)
 
@@ -47,7 +47,7 @@ def scatter_sequence(x: torch.Tensor, group: Any) -> torch.Tensor:
     t = dist.get_world_size(group)
     b, s, h = x.shape
     out = x.new_empty((b, s // t, h))
-    dist.reduce_scatter_tensor(out, x.view(b, t, s // t, h).transpose(0, 1).contiguous(), group=group)
+    dist.reduce_scatter_single(out, x.view(b, t, s // t, h).transpose(0, 1).contiguous(), group=group)
     return out
 
 
