@@ -51,6 +51,9 @@ MEASURED = [
     ("mistral", "fp32", "full", 4, (4, 1, 1), {"sequence_parallel": True}),
     ("mistral", "bf16", "none", 4, (4, 1, 1), {"sequence_parallel": True}),
     ("mistral", "bf16", "full", 4, (4, 1, 1), {"sequence_parallel": True}),
+    ("llama", "fp32", "none", 2, (2, 2, 1), {"sequence_parallel": True}),
+    ("llama", "fp32", "none", 2, (2, 1, 2), {"sequence_parallel": True}),
+    ("llama", "bf16-mixed", "full", 2, (2, 2, 1), {"sequence_parallel": True}),
 ]
 
 

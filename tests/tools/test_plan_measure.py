@@ -2,7 +2,9 @@
 
 Each layout loads a tiny GQA decoder the way Transformers shards it (its
 ``tp_plan`` and FSDP2 over a DeviceMesh), or replicated with a ZeRO-1
-optimizer, or split into two pipeline stages run by ``Schedule1F1B``, and
+optimizer, or split into two pipeline stages run by ``Schedule1F1B``, or
+cut for Megatron / NxD sequence parallelism (FSDP2 over it as Transformers
+applies it), and
 runs a training step; the allocator's peak must be within 10% of the
 estimate and every collective's bytes, as ``comm_stats`` counts them,
 exactly the planner's.
@@ -52,15 +54,22 @@ def pipeline_plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
 
 @pytest.fixture(scope="module")
 def sequence_parallel_plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
-    # 2x1x2x1 ranks first but cannot be measured (SP is measured over TP alone): the plan runs 4x1x1x1 and says so
-    return plan(tiny_mistral(), layouts=[(4, 1, 1), (2, 2, 1)], sequence_parallel=True, measure=1,
+    # 2x2x1x1 (TP x PP) ranks first but cannot be measured (no pipelines with sequence parallelism): the plan runs
+    # 4x1x1x1 and says so
+    return plan(tiny_mistral(), layouts=[(4, 1, 1), (2, 1, 1, 2)], sequence_parallel=True, measure=1,
                 workdir=tmp_path_factory.mktemp("sp"), **SETTINGS)
 
 
 @pytest.fixture(scope="module")
+def sequence_parallel_fsdp_plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
+    return plan(tiny_llama(), layouts=[(2, 2, 1)], sequence_parallel=True, measure=1,
+                workdir=tmp_path_factory.mktemp("sp_fsdp"), **SETTINGS)
+
+
+@pytest.fixture(scope="module")
 def sequence_parallel_recompute_plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
-    settings = {**SETTINGS, "precision": "bf16", "checkpointing": "full"}
-    return plan(tiny_mistral(), layouts=[(4, 1, 1)], sequence_parallel=True, measure=1,
+    settings = {**SETTINGS, "precision": "bf16-mixed", "checkpointing": "full"}
+    return plan(tiny_llama(), layouts=[(2, 2, 1)], sequence_parallel=True, measure=1,
                 workdir=tmp_path_factory.mktemp("sp_full"), **settings)
 
 
@@ -156,9 +165,9 @@ def test_pipeline_1f1b_agrees_with_measurement(pipeline_plan: Plan) -> None:
 def test_sequence_parallel_agrees_with_measurement_and_trains_as_plain_tp(sequence_parallel_plan: Plan,
                                                                         mistral_plan: Plan) -> None:
     _check_agreement(sequence_parallel_plan, 1)
-    assert [lp.layout.name for lp in sequence_parallel_plan.layouts] == ["2x1x2x1", "4x1x1x1"]
-    assert "--measure skipped 2x1x2x1: sequence parallelism is measured over TP alone (PP = FSDP = DP = 1)" in \
-        sequence_parallel_plan.notes
+    assert [lp.layout.name for lp in sequence_parallel_plan.layouts] == ["2x2x1x1", "4x1x1x1"]
+    assert ("--measure skipped 2x2x1x1: sequence parallelism is measured with TP, FSDP and DP (without pipeline "
+            "stages)") in sequence_parallel_plan.notes
     m = sequence_parallel_plan.find(4, 1).measured
     assert m is not None
     rows = {(r["group"], r["collective"]): r for r in m["comm"]}
@@ -180,13 +189,35 @@ def test_sequence_parallel_agrees_with_measurement_and_trains_as_plain_tp(sequen
     assert m["peak_allocated"] < plain["peak_allocated"]  # the split activations and the unsplit logits
 
 
+def test_sequence_parallel_with_fsdp_agrees_with_measurement_and_trains_as_transformers(
+        sequence_parallel_fsdp_plan: Plan, llama_plan: Plan) -> None:
+    _check_agreement(sequence_parallel_fsdp_plan, 1)
+    m = sequence_parallel_fsdp_plan.best.measured
+    assert m is not None
+    rows = {(r["group"], r["collective"]): r for r in m["comm"]}
+    assert {("fsdp", "all_gather_into_tensor"), ("fsdp", "reduce_scatter_tensor"),
+            ("tp", "all_gather_into_tensor"), ("tp", "reduce_scatter_tensor")} <= set(rows)
+    # the norms' gradients are all-reduced over TP as this rank's FSDP shard of each (hidden 128 / 2, fp32), once
+    assert rows[("tp", "all_reduce")]["bytes"] == 2 * 3 * 2 * 32 * 4 + 5 * 64 * 4
+    # FSDP2 applied as Transformers' fsdp_plan applies it: the same gathers as its TP x FSDP run, and the same
+    # losses as that run from the same checkpoint and data
+    plain = llama_plan.find(2, 2).measured
+    assert plain is not None
+    plain_rows = {(r["group"], r["collective"]): r for r in plain["comm"]}
+    assert rows[("fsdp", "all_gather_into_tensor")] == plain_rows[("fsdp", "all_gather_into_tensor")]
+    assert m["warm_up_loss"] == pytest.approx(plain["warm_up_loss"], abs=1e-5)
+    assert m["loss"] == pytest.approx(plain["loss"], abs=1e-5)
+
+
 def test_sequence_parallel_recomputation_agrees_with_measurement(sequence_parallel_recompute_plan: Plan) -> None:
+    # the peak: a layer recomputed while FSDP2's reduce-scatter of the layer above is pending
     _check_agreement(sequence_parallel_recompute_plan, 1)
     rows = {(r["group"], r["collective"]): r
             for r in sequence_parallel_recompute_plan.best.measured["comm"]}  # type: ignore[index]
-    # recomputation reruns both gathers and the attention's reduce-scatter of each layer, not the MLP's
-    assert rows[("tp", "all_gather_into_tensor")]["calls"] == 4 * (8 * 2 + 3)
-    assert rows[("tp", "reduce_scatter_tensor")]["calls"] == 4 * (5 * 2 + 2)
+    # recomputation reruns both gathers and the attention's reduce-scatter of each layer, not the MLP's (two
+    # micro-batches)
+    assert rows[("tp", "all_gather_into_tensor")]["calls"] == 2 * (8 * 2 + 3)
+    assert rows[("tp", "reduce_scatter_tensor")]["calls"] == 2 * (5 * 2 + 2)
 
 
 def test_tensor_parallel_recomputation_agrees_with_measurement(tensor_parallel_recompute_plan: Plan) -> None:

@@ -49,7 +49,8 @@ WORKER = textwrap.dedent('''
         n = g.shape[1] // world
         return g[:, rank * n:(rank + 1) * n]
 
-    pairs = [(model.embed, rows(ref.model.embed_tokens.weight.grad)), (model.head, rows(ref.lm_head.weight.grad)),
+    pairs = [(model.embed_tokens.weight, rows(ref.model.embed_tokens.weight.grad)),
+             (model.lm_head.weight, rows(ref.lm_head.weight.grad)),
              (model.norm.weight, ref.model.norm.weight.grad)]
     for mine, theirs in zip(model.layers, ref.model.layers):
         a, m = theirs.self_attn, theirs.mlp

@@ -172,7 +172,9 @@ def collectives(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, mic
             # the norms' weights are replicated and see a sequence shard each: their gradients are summed over TP
             # once per step (one flat buffer); a vocabulary-parallel cross-entropy all-reduces the max, the sum of
             # exponentials and the target logit, fp32 per token
-            norms = (2 * layers + int(last)) * m.hidden * (prec.reduce if prec.param == 4 else prec.param)
+            # (this rank's FSDP shard of each norm, when FSDP2 shards them)
+            norm_numel = -(-m.hidden // fsdp) if fsdp > 1 and not zero1 else m.hidden
+            norms = (2 * layers + int(last)) * norm_numel * (prec.reduce if prec.param == 4 else prec.param)
             out.append(_make(hw, "all_reduce", "tp", 1, norms, tp, 1, False))
             if last:
                 out.append(_make(hw, "all_reduce", "tp", 3 * micro_steps, 3 * tokens * 4 * micro_steps, tp, 1))

@@ -10,8 +10,9 @@ then measures one more step: the caching allocator's peak
 (``torch.neuron.max_memory_allocated``) and the bytes each process group
 moved (``torch_neuronx.distributed.comm_stats``).
 
-Sequence-parallel layouts (TP only) run the Megatron / NxD scheme the planner
-models (:mod:`~torch_neuronx.tools.plan.sequence_parallel`). ZeRO-1 layouts
+Sequence-parallel layouts run the Megatron / NxD scheme the planner models
+(:mod:`~torch_neuronx.tools.plan.sequence_parallel`), with FSDP2 over FSDP x
+DP applied as Transformers' ``fsdp_plan`` applies it. ZeRO-1 layouts
 (DP only) run the replicated model with a flat ZeRO-1
 optimizer written with plain collectives (:class:`Zero1`: gradients
 reduce-scattered over DP into a flat buffer, AdamW on this rank's shard of
@@ -103,10 +104,10 @@ def measurable(layout: Layout, zero1: bool, precision: str, checkpointing: str, 
                seq_len: int = 0) -> str:
     """Why `layout` cannot be run by --measure ("" when it can)."""
     if sequence_parallel and layout.tp > 1:
-        if (layout.fsdp, layout.dp, layout.pp) != (1, 1, 1):
-            return "sequence parallelism is measured over TP alone (PP = FSDP = DP = 1)"
-        if precision == "bf16-mixed":
-            return "sequence parallelism is measured in fp32 or bf16 (bf16-mixed is FSDP2's mixed precision)"
+        if layout.pp > 1:
+            return "sequence parallelism is measured with TP, FSDP and DP (without pipeline stages)"
+        if precision == "bf16-mixed" and layout.data_parallel == 1:
+            return "bf16-mixed is FSDP2's mixed precision: with sequence parallelism it is measured with FSDP x DP > 1"
         if seq_len % layout.tp:
             return f"sequence parallelism splits the sequence over TP: {seq_len} tokens do not divide by {layout.tp}"
     if zero1 and layout.dp > 1:
@@ -247,7 +248,8 @@ def _worker(argv: list[str]) -> None:
     if pp > 1:
         step, vocab = _pipeline_step(ckpt, pp, rank, device, dtype, micro_steps)
     elif sp:
-        step, vocab = _sequence_parallel_step(ckpt, device, dtype, checkpointing, micro_batch)
+        step, vocab = _sequence_parallel_step(ckpt, tp, fsdp, dp, precision, checkpointing, device, dtype,
+                                              micro_batch)
     else:
         step, vocab = _plain_step(ckpt, tp, fsdp, dp, precision, checkpointing, device, dtype, bool(zero1),
                                   micro_batch)
@@ -288,7 +290,6 @@ def _worker(argv: list[str]) -> None:
 def _plain_step(ckpt: Path, tp: int, fsdp: int, dp: int, precision: str, checkpointing: str, device: Any,
                 dtype: Any, zero1: bool, micro_batch: int) -> tuple[Any, int]:
     import torch
-    from torch.distributed.fsdp import FSDPModule
     from transformers import AutoModelForCausalLM
     from transformers.distributed import DistributedConfig
 
@@ -306,52 +307,70 @@ def _plain_step(ckpt: Path, tp: int, fsdp: int, dp: int, precision: str, checkpo
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
 
+    return _accumulating_step(model, lambda ids: model(input_ids=ids, labels=ids).loss, optimizer, micro_batch), \
+        model.config.vocab_size
+
+
+def _accumulating_step(model: Any, loss_of: Any, optimizer: Any, micro_batch: int,
+                       before_optimizer: Any = None) -> Any:
+    """One optimizer step over a batch in micro-batches of `micro_batch` rows (gradient accumulation)."""
+    from torch.distributed.fsdp import FSDPModule
+
     fsdp_modules = [mod for mod in model.modules() if isinstance(mod, FSDPModule)]
 
     def step(ids: Any) -> float:
         chunks = ids.split(micro_batch)
         total = 0.0
-        for i, chunk in enumerate(chunks):  # gradient accumulation
+        for i, chunk in enumerate(chunks):
             for mod in fsdp_modules:  # HSDP all-reduces across replicas on the last micro-batch only
                 mod.set_requires_all_reduce(i == len(chunks) - 1, recurse=False)
-            loss = model(input_ids=chunk, labels=chunk).loss / len(chunks)
+            loss = loss_of(chunk) / len(chunks)
             loss.backward()
             total += float(loss.detach().float().cpu())
+        if before_optimizer is not None:
+            before_optimizer()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return total
 
-    return step, model.config.vocab_size
+    return step
 
 
-def _sequence_parallel_step(ckpt: Path, device: Any, dtype: Any, checkpointing: str,
-                            micro_batch: int) -> tuple[Any, int]:
+def _sequence_parallel_step(ckpt: Path, tp: int, fsdp: int, dp: int, precision: str, checkpointing: str,
+                            device: Any, dtype: Any, micro_batch: int) -> tuple[Any, int]:
+    """Megatron / NxD sequence parallelism over TP; over FSDP x DP, FSDP2 as Transformers' ``fsdp_plan`` applies
+    it (the embedding and each layer resharded after forward, the final norm and LM head kept, then the root)."""
     import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM
 
     from torch_neuronx.tools.plan.sequence_parallel import SequenceParallelLlama
 
+    mesh = init_device_mesh("neuron", (dp, fsdp, tp), mesh_dim_names=("dp_replicate", "fsdp", "tp"))
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype)  # on the host; only this rank's shard moves
-    module = SequenceParallelLlama(model, checkpointing=checkpointing == "full").to(device)
-    module.train()
+    module = SequenceParallelLlama(model, group=mesh["tp"].get_group(),
+                                   checkpointing=checkpointing == "full").to(device)
     vocab = model.config.vocab_size
     del model
+    if fsdp * dp > 1:
+        shard_mesh = mesh["dp_replicate", "fsdp"] if dp > 1 else mesh["fsdp"]
+        kw: dict[str, Any] = {"mesh": shard_mesh}
+        if precision == "bf16-mixed":
+            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        fully_shard(module.embed_tokens, reshard_after_forward=True, **kw)
+        for layer in module.layers:
+            fully_shard(layer, reshard_after_forward=True, **kw)
+        fully_shard([module.norm, module.lm_head], reshard_after_forward=False, **kw)
+        fully_shard(module, **kw)
+    module.train()
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3, foreach=False)
 
-    def step(ids: Any) -> float:
-        chunks = ids.split(micro_batch)
-        total = 0.0
-        for chunk in chunks:  # gradient accumulation
-            target = torch.cat([chunk[:, 1:], torch.full_like(chunk[:, :1], -100)], dim=1)  # next-token labels
-            loss = module(chunk, target) / len(chunks)
-            loss.backward()
-            total += float(loss.detach().float().cpu())
-        module.all_reduce_norm_grads()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return total
+    def loss_of(ids: Any) -> Any:
+        target = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], dim=1)  # next-token labels
+        return module(ids, target)
 
-    return step, vocab
+    return _accumulating_step(module, loss_of, optimizer, micro_batch, module.all_reduce_norm_grads), vocab
 
 
 def _pipeline_step(ckpt: Path, pp: int, rank: int, device: Any, dtype: Any, micro_steps: int) -> tuple[Any, int]:

@@ -207,10 +207,10 @@ def _layer_numel(m: ModelSpec, layout: Layout) -> int:
     return layer.padded_numel(layout.fsdp)
 
 
-def fsdp_buffers(m: ModelSpec, layout: Layout, prec: Precision, stage: int = 0, layers: bool = True) -> Tally:
+def fsdp_buffers(m: ModelSpec, layout: Layout, prec: Precision, stage: int = 0, layers: int = 2) -> Tally:
     """Gathered weights in the last layer's backward: the kept tail (the final norm and LM head, which FSDP2 does
-    not reshard), the layer re-gathered for its backward and the one prefetched (`layers`); while the loss runs
-    backward only the tail is gathered (memory snapshots of measured steps).
+    not reshard), the layer re-gathered for its backward and the one prefetched (`layers` of them); while the loss
+    runs backward only the tail is gathered (memory snapshots of measured steps).
 
     FSDP2 is applied whenever FSDP x DP > 1 (without ZeRO-1), and gathers into new buffers even over a group of one
     (pure DP)."""
@@ -218,7 +218,7 @@ def fsdp_buffers(m: ModelSpec, layout: Layout, prec: Precision, stage: int = 0, 
     if layout.data_parallel == 1:
         return t
     if layers:
-        t.add(_layer_numel(m, layout) * prec.compute, 2)
+        t.add(_layer_numel(m, layout) * prec.compute, layers)
     tail = next((g for g in groups(m, layout, stage) if g.name == "norm + lm_head"), None)
     if tail is not None:
         t.add(tail.padded_numel(layout.fsdp) * prec.compute)
@@ -318,14 +318,15 @@ def _stage_memory(m: ModelSpec, layout: Layout, prec: Precision, micro_batch: in
     buffers = fsdp_buffers(m, lay, prec, stage) + layer_backward(m, layout.tp, tokens, a)
     if checkpointing == "full" and fsdp_applied:
         # every layer's backward then starts as high as the last one's, and FSDP2 frees a reduce-scatter's flat
-        # input and output shard only when it issues the next: the layer above's are alive during the recomputation
-        # (the layer's own gradients come after it, as its recomputed activations are freed)
-        buffers = fsdp_buffers(m, lay, prec, stage) + reduction_buffers(m, lay, prec)
+        # input and output shard only when it issues the next: the layer above's are alive during the recomputation,
+        # with this layer gathered (the next is prefetched later); its own gradients come as its recomputed
+        # activations are freed
+        buffers = fsdp_buffers(m, lay, prec, stage, layers=1) + reduction_buffers(m, lay, prec)
     at_loss = False
     if stage == layout.pp - 1:
         # (with TP the gathered layers are still alive then: measured steps show it)
-        loss = fsdp_buffers(m, lay, prec, stage, layers=layout.tp > 1) + loss_buffers(m, layout.tp, tokens, a,
-                                                                                      vocab_parallel=sp)
+        loss = fsdp_buffers(m, lay, prec, stage, layers=2 if layout.tp > 1 else 0) + \
+            loss_buffers(m, layout.tp, tokens, a, vocab_parallel=sp)
         if one.times(k).total + loss.total > acts.total + buffers.total:
             acts, buffers, at_loss = one.times(k), loss, True
     if layout.pp > 1:  # the activation received from the previous stage and the gradient sent back

@@ -160,9 +160,44 @@ class _Layer(nn.Module):
         return h + _ScatterSequence.apply(F.linear(self.act(gate) * up, self.down), group)
 
 
+class _VocabParallelEmbedding(nn.Module):
+    """This rank's rows of the embedding: ids outside them look up zeros, and the partial sums are reduce-scattered
+    along the sequence."""
+
+    def __init__(self, embedding: nn.Embedding, rank: int, t: int) -> None:
+        super().__init__()
+        self.weight = _rows(embedding.weight, rank, t)
+        self.rows = n = self.weight.shape[0]
+        self.lo = rank * n
+        pad = embedding.padding_idx  # its row gets no gradient, as in nn.Embedding
+        self.padding_idx = pad - self.lo if pad is not None and 0 <= pad - self.lo < n else None
+
+    def forward(self, ids: torch.Tensor, group: Any) -> torch.Tensor:
+        local = ids - self.lo
+        outside = (local < 0) | (local >= self.rows)
+        e = F.embedding(local.masked_fill(outside, 0), self.weight, self.padding_idx)
+        return _ScatterSequence.apply(e.masked_fill(outside.unsqueeze(-1), 0.0), group)
+
+
+class _VocabParallelHead(nn.Module):
+    """This rank's rows of the LM head: its slice of the vocabulary's logits, for the whole sequence."""
+
+    def __init__(self, head: nn.Linear, rank: int, t: int) -> None:
+        super().__init__()
+        self.weight = _rows(head.weight, rank, t)
+        self.lo = rank * self.weight.shape[0]  # the first vocabulary id of this rank's slice
+
+    def forward(self, h: torch.Tensor, group: Any) -> torch.Tensor:
+        (logits,) = _ColumnParallel.apply(h, group, self.weight)
+        return logits
+
+
 class SequenceParallelLlama(nn.Module):
     """This rank's shard of a Hugging Face Llama (or Mistral) under Megatron / NxD sequence parallelism over `group`
-    (default: the whole world). ``forward(ids, target)`` returns the mean next-token loss."""
+    (default: the whole world). ``forward(ids, target)`` returns the mean next-token loss.
+
+    The submodules carry Transformers' names (``embed_tokens``, ``layers``, ``norm``, ``lm_head``), so FSDP2 can
+    shard them as Transformers' ``fsdp_plan`` does."""
 
     def __init__(self, model: Any, group: Any = None, checkpointing: bool = False) -> None:
         super().__init__()
@@ -173,13 +208,11 @@ class SequenceParallelLlama(nn.Module):
         if vocab % t or model.config.num_key_value_heads % t:
             raise ValueError(f"sequence parallelism over {t} ranks needs the vocabulary ({vocab}) and the key/value "
                              f"heads ({model.config.num_key_value_heads}) to divide evenly")
-        self.lo = rank * (vocab // t)
-        self.embed = _rows(inner.embed_tokens.weight, rank, t)
-        pad = inner.embed_tokens.padding_idx  # its row gets no gradient, as in nn.Embedding
-        self.padding_idx = pad - self.lo if pad is not None and 0 <= pad - self.lo < vocab // t else None
+        self.embed_tokens = _VocabParallelEmbedding(inner.embed_tokens, rank, t)
         self.layers = nn.ModuleList(_Layer(layer, rank, t) for layer in inner.layers)
+        # copies: the shard never aliases the model it was cut from
         self.norm, self.rotary = copy.deepcopy(inner.norm), copy.deepcopy(inner.rotary_emb)
-        self.head = _rows(model.lm_head.weight, rank, t)
+        self.lm_head = _VocabParallelHead(model.lm_head, rank, t)
         self.checkpointing = checkpointing
 
     def norm_weights(self) -> list[nn.Parameter]:
@@ -190,28 +223,25 @@ class SequenceParallelLlama(nn.Module):
         return out
 
     def all_reduce_norm_grads(self) -> None:
-        """Sum the norms' partial gradients over the group: one all-reduce of one flat buffer, once per step."""
-        params = [p for p in self.norm_weights() if p.grad is not None]
-        if not params:
+        """Sum the norms' partial gradients over the group: one all-reduce of one flat buffer, once per step (of
+        this rank's FSDP shards of them, when FSDP2 shards the model)."""
+        grads = [p.grad for p in self.norm_weights() if p.grad is not None]
+        local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+        if not local:
             return
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        flat = torch.cat([g.reshape(-1) for g in local])
         dist.all_reduce(flat, group=self.group)
         off = 0
-        for p in params:
-            p.grad.copy_(flat[off:off + p.numel()].view_as(p))
-            off += p.numel()
+        for g in local:
+            g.copy_(flat[off:off + g.numel()].view_as(g))
+            off += g.numel()
 
     def forward(self, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         t = dist.get_world_size(self.group)
-        b, s = ids.shape
+        s = ids.shape[1]
         if s % t:
             raise ValueError(f"sequence parallelism splits the sequence over {t} ranks: {s} tokens do not divide")
-        n = self.embed.shape[0]
-        local = ids - self.lo
-        outside = (local < 0) | (local >= n)
-        e = F.embedding(local.masked_fill(outside, 0), self.embed, self.padding_idx)
-        e = e.masked_fill(outside.unsqueeze(-1), 0.0)
-        h = _ScatterSequence.apply(e, self.group)
+        h = self.embed_tokens(ids, self.group)
         pos = torch.arange(s, device=ids.device).unsqueeze(0)
         cos, sin = self.rotary(h, pos)
         for layer in self.layers:
@@ -219,5 +249,5 @@ class SequenceParallelLlama(nn.Module):
                 h = torch.utils.checkpoint.checkpoint(layer, h, cos, sin, self.group, use_reentrant=False)
             else:
                 h = layer(h, cos, sin, self.group)
-        (logits,) = _ColumnParallel.apply(self.norm(h), self.group, self.head)
-        return _VocabParallelCrossEntropy.apply(logits, target, self.group, self.lo)
+        logits = self.lm_head(self.norm(h), self.group)
+        return _VocabParallelCrossEntropy.apply(logits, target, self.group, self.lm_head.lo)
