@@ -5,7 +5,8 @@ model; each rank's loss and the gradients of its shards (the norms' after
 their all-reduce) must equal Hugging Face's loss and the matching slices of
 its gradients on the CPU. The batch hits both ends of each vocabulary shard
 and has ignored labels in the middle; a sequence that does not split over the
-ranks is refused with a message.
+ranks, and ids outside the vocabulary (which a sharded lookup would read as
+zeros), are refused with a message.
 """
 
 from __future__ import annotations
@@ -69,11 +70,14 @@ WORKER = textwrap.dedent('''
         model.all_reduce_norm_grads()
         losses.append(float(got))
         errors.append(max(float((p.grad.cpu() - g).abs().max() / g.abs().max()) for p, g in pairs))
-    try:
-        model(ids[:, :15].to(device), target[:, :15].to(device))
-        refused = ""
-    except ValueError as e:
-        refused = str(e)
+    refused = []
+    for bad_ids, bad_target in ((ids[:, :15], target[:, :15]), (ids.clamp(max=255) + 1, target),
+                                (ids, target.masked_fill(target == -100, -1))):
+        try:
+            model(bad_ids.to(device), bad_target.to(device))
+            refused.append("")
+        except ValueError as e:
+            refused.append(str(e))
     json.dump({"losses": losses, "reference": float(loss), "grad_errors": errors, "params": len(pairs),
                "refused": refused}, open(f"{out}/rank{rank}.json", "w"))
     dist.destroy_process_group()
@@ -104,6 +108,8 @@ def test_every_shard_gradient_equals_its_slice_of_the_unsharded_one(ranks: list[
         assert max(r["grad_errors"]) < 1e-4, r
 
 
-def test_a_sequence_that_does_not_split_is_refused(ranks: list[dict]) -> None:
-    assert "15 tokens do not divide" in ranks[0]["refused"]
+def test_a_sequence_that_does_not_split_and_ids_outside_the_vocabulary_are_refused(ranks: list[dict]) -> None:
+    short, too_large, negative = ranks[0]["refused"]
+    assert "15 tokens do not divide" in short
+    assert "token ids must lie in [0, 256)" in too_large and "token ids must lie in [0, 256)" in negative
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -311,8 +312,8 @@ def _plain_step(ckpt: Path, tp: int, fsdp: int, dp: int, precision: str, checkpo
         model.config.vocab_size
 
 
-def _accumulating_step(model: Any, loss_of: Any, optimizer: Any, micro_batch: int,
-                       before_optimizer: Any = None) -> Any:
+def _accumulating_step(model: Any, loss_of: Callable[[Any], Any], optimizer: Any, micro_batch: int,
+                       before_optimizer: Callable[[], None] | None = None) -> Callable[[Any], float]:
     """One optimizer step over a batch in micro-batches of `micro_batch` rows (gradient accumulation)."""
     from torch.distributed.fsdp import FSDPModule
 

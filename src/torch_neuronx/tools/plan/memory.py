@@ -244,8 +244,7 @@ def backward_end_buffers(m: ModelSpec, layout: Layout, prec: Precision) -> Tally
     if layout.fsdp > 1:
         for s in layer.shapes:
             t.add(s[0] * _numel(s[1:]) * prec.compute)
-    numel = layer.padded_numel(layout.fsdp)
-    return t.add(numel * prec.compute).add(numel * prec.reduce).add(numel // layout.fsdp * prec.reduce)
+    return t.add(layer.padded_numel(layout.fsdp) * prec.compute) + reduction_buffers(m, layout, prec)
 
 
 def reduction_buffers(m: ModelSpec, layout: Layout, prec: Precision) -> Tally:
@@ -315,13 +314,14 @@ def _stage_memory(m: ModelSpec, layout: Layout, prec: Precision, micro_batch: in
     # two moments of backward hold everything saved: the last layer's (its recomputed activations, the gathered
     # weights, the MLP's gradients), and on the last stage, before it, the loss's
     acts = one.times(k) + recomputed
-    buffers = fsdp_buffers(m, lay, prec, stage) + layer_backward(m, layout.tp, tokens, a)
     if checkpointing == "full" and fsdp_applied:
         # every layer's backward then starts as high as the last one's, and FSDP2 frees a reduce-scatter's flat
         # input and output shard only when it issues the next: the layer above's are alive during the recomputation,
         # with this layer gathered (the next is prefetched later); its own gradients come as its recomputed
         # activations are freed
         buffers = fsdp_buffers(m, lay, prec, stage, layers=1) + reduction_buffers(m, lay, prec)
+    else:
+        buffers = fsdp_buffers(m, lay, prec, stage) + layer_backward(m, layout.tp, tokens, a)
     at_loss = False
     if stage == layout.pp - 1:
         # (with TP the gathered layers are still alive then: measured steps show it)

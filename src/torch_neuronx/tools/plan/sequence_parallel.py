@@ -241,6 +241,11 @@ class SequenceParallelLlama(nn.Module):
         s = ids.shape[1]
         if s % t:
             raise ValueError(f"sequence parallelism splits the sequence over {t} ranks: {s} tokens do not divide")
+        vocab = self.embed_tokens.rows * t
+        if bool(((ids < 0) | (ids >= vocab)).any()) or bool(((target < -100) | (target >= vocab) |
+                                                             ((target < 0) & (target != -100))).any()):
+            # a vocabulary-sharded lookup would silently read zeros for them: refuse, as nn.Embedding does
+            raise ValueError(f"token ids must lie in [0, {vocab}) (targets may also be -100, ignored)")
         h = self.embed_tokens(ids, self.group)
         pos = torch.arange(s, device=ids.device).unsqueeze(0)
         cos, sin = self.rotary(h, pos)
