@@ -90,7 +90,9 @@ CASES = {
                                  ['m = int(os.environ.get("RANK", "0")) == 0']),
     "master_print is global": ("import torch_xla.core.xla_model as xm\nxm.master_print('x', fd=f)\n",
                                ['if int(os.environ.get("RANK", "0")) == 0:\n    print(\'x\', file=f, flush=True)']),
-    "rendezvous": ("import torch_xla.core.xla_model as xm\nxm.rendezvous('init')\n", ["torch.distributed.barrier()"]),
+    "rendezvous": ("import torch_xla.core.xla_model as xm\nxm.rendezvous('init')\n",
+                   ["neuron_rendezvous()",
+                    "if torch.distributed.is_available() and torch.distributed.is_initialized()"]),
     "init_process_group xla": ("import torch.distributed as dist\ndist.init_process_group('xla', init_method="
                                "'xla://')\n", ["dist.init_process_group('neuron')"]),
     "init_process_group backend kw": ("import torch\ntorch.distributed.init_process_group(backend=\"xla\")\n",
@@ -125,7 +127,7 @@ CASES = {
     "spawn": ("import torch_xla.distributed.xla_multiprocessing as xmp\nif __name__ == '__main__':\n"
               "    xmp.spawn(_mp_fn, args=(flags,), nprocs=8)\n",
               ['    if "WORLD_SIZE" in os.environ:', '        torch.distributed.init_process_group("neuron")',
-               '    _mp_fn(int(os.environ.get("LOCAL_RANK", "0")), flags)']),
+               '    _mp_fn(int(os.environ.get("RANK", "0")), flags)']),
     "inside f-strings": ("import torch_xla.core.xla_model as xm\nprint(f\"rank {xm.get_ordinal()}\")\n"
                          "print(f'{xm.xla_device()}')\n",
                          ["print(f\"rank {int(os.environ.get('RANK', '0'))}\")",
@@ -269,15 +271,16 @@ def test_optimum_trainer_renames_keep_aliases_working() -> None:
             "t = Trainer(model=m, args=args)\nassert isinstance(t, Trainer)\n")
     res = migrate_python(code)
     assert "from transformers import Trainer" in res.code and "from transformers import TrainingArguments" in res.code
-    assert "args = TrainingArguments(output_dir='o')" in res.code
+    assert ("args = TrainingArguments(output_dir='o', per_device_train_batch_size=1, per_device_eval_batch_size=1, "
+            "average_tokens_across_devices=False)") in res.code  # Optimum's defaults, not Transformers'
     assert "optimum-zero1" in {f.rule for f in res.flags}
 
 
 def test_nxd_layers_become_linear_and_a_plan() -> None:
     res = migrate_python((CORPUS / "nxd_tp_mlp.py").read_text())
     out = res.code
-    assert "self.up = torch.nn.Linear(d, hidden, bias=True)" in out
-    assert "self.down = torch.nn.Linear(hidden, classes, bias=True)" in out
+    assert "self.up = torch.nn.Linear(d, hidden, bias=True, dtype=torch.float32)" in out  # NxD's default dtype
+    assert "self.down = torch.nn.Linear(hidden, classes, bias=True, dtype=torch.float32)" in out
     assert ('model = parallelize_module(model, neuron_mesh()["tp"], {"up": ColwiseParallel(), '
             '"down": RowwiseParallel()})') in out
     assert "neuron_init_mesh(2)" in out and 'tp_rank = neuron_mesh()["tp"].get_local_rank()' in out
@@ -300,7 +303,7 @@ def test_nxd_plan_that_cannot_be_derived_is_flagged() -> None:
             "    def __init__(self, g):\n        self.fc = ColumnParallelLinear(4, 8, gather_output=g)\n")
     res = migrate_python(code)
     assert [f.rule for f in res.flags] == ["nxd-plan"]
-    assert "self.fc = torch.nn.Linear(4, 8)" in res.code
+    assert "self.fc = torch.nn.Linear(4, 8, dtype=torch.float32)" in res.code
 
 
 # ------------------------------------------------------------------ the corpus: parses, idempotent, nothing left
@@ -337,7 +340,7 @@ def test_corpus_output_parses_is_idempotent_and_leaves_nothing_unflagged(path: P
 def test_notebook_cells_magics_and_a_broken_cell() -> None:
     orig = json.loads((CORPUS / "xla_notebook.ipynb").read_text())
     orig["cells"].append({"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-                          "source": ["print('this cell does not parse'\n"]})
+                          "source": ["xm.master_print('this cell does not parse'\n"]})
     text = json.dumps(orig, indent=1)
     res = migrate_source(text, "notebook")
     nb = json.loads(res.result)
@@ -472,7 +475,7 @@ def test_spawn_does_not_start_a_second_process_group() -> None:
             "def _mp_fn(index):\n    dist.init_process_group('xla', init_method='pjrt://')\n\n\nxmp.spawn(_mp_fn)\n")
     out = mig(code)
     assert "dist.init_process_group('neuron')\n" in out
-    assert 'WORLD_SIZE" in os.environ' not in out and '_mp_fn(int(os.environ.get("LOCAL_RANK", "0")))' in out
+    assert 'WORLD_SIZE" in os.environ' not in out and '_mp_fn(int(os.environ.get("RANK", "0")))' in out
 
 
 def test_a_byte_order_mark_is_kept(tmp_path: Path) -> None:

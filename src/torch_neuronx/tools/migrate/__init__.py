@@ -6,8 +6,12 @@ stack has to move. The rewrite is static (libcst codemods: comments and formatti
 are followed); neither torch_xla nor optimum-neuron needs to be installed. Modules, one job each:
 
 - ``names``: which imported name means what (``xm`` -> ``torch_xla.core.xla_model``), and where each reference is;
-- ``python``: the codemod driver (statement expansions, removals, TODO comments, imports, helpers);
+- ``registry``: the rule registry (``Rules``, ``Ctx``, ``Target``) and the shared expression helpers (arguments
+  bound by a published signature, literals); the ``rules_*`` modules depend on it alone;
+- ``python``: the codemod driver (statement expansions, removals, TODO comments, imports, helpers); the only
+  module that imports the rules;
 - ``rules_xla``, ``rules_optimum``, ``rules_nxd``: the rewrites of each family; ``flags``: what is flagged and why;
+- ``tp_invariance`` and ``tp_probe``: ``--tp-invariance N``, the migrated script at TP = N against TP = 1;
 - ``helpers``: the few native helper functions a rewritten script gets inlined (it must not depend on this
   emulator: the migrated script is meant to run on a real Trainium instance too);
 - ``shell`` and ``notebook``: ``.sh`` launchers and ``.ipynb`` code cells; ``engine``: files in, files and report

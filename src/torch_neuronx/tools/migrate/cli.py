@@ -6,6 +6,7 @@ Building the parser imports nothing heavy (no libcst, no torch): ``torch-neuronx
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ EPILOG = """examples:
   torch-neuronx migrate scripts/ --out migrated/ --json migrate.json
   torch-neuronx migrate train.py --in-place
   torch-neuronx migrate train.py --out migrated/ --check -- --steps 5   # then torch-neuronx check against CPU
+  torch-neuronx migrate tp_train.py --out migrated/ --tp-invariance 2 -- --steps 3   # TP = 2 against TP = 1
 exit code: 0 when nothing is flagged, 1 when flags remain (or --check fails), 2 for bad input."""
 
 
@@ -37,14 +39,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="--check: run the migrated script under torchrun with N processes (and its CPU twin too)")
     p.add_argument("--check-out", metavar="DIR", default="neuronx-check",
                    help="--check: where the check's events and report go (default %(default)s)")
+    p.add_argument("--tp-invariance", type=int, metavar="N",
+                   help="then run the migrated script under torchrun at tensor-parallel size N and at 1, and compare "
+                   "every loss and gradient (the TP = 1 run shares none of the plan's layout assumptions); needs "
+                   "--out or --in-place and one Python script; script ARGS after `--`")
+    p.add_argument("--tp-invariance-out", metavar="DIR", default="neuronx-tp-invariance",
+                   help="--tp-invariance: where the runs' records and logs go (default %(default)s)")
     p.add_argument("--check", action="store_true",
                    help="then run `torch-neuronx check` on the migrated script against its CPU twin; give it last: "
                    "--check -- ARGS (ARGS go to the script); needs --out or --in-place and one Python script")
 
 
 def split_check(argv: list[str]) -> tuple[list[str], list[str]]:
-    """`migrate ... --check -- ARGS`: ARGS belong to the script, not to argparse (which would take them for paths)."""
-    if not argv or argv[0] != "migrate" or "--check" not in argv:
+    """`migrate ... --check -- ARGS` (or `--tp-invariance N -- ARGS`): ARGS belong to the script, not to argparse
+    (which would take them for paths)."""
+    if not argv or argv[0] != "migrate":
+        return argv, []
+    if "--check" not in argv:
+        if "--" in argv and any(a == "--tp-invariance" or a.startswith("--tp-invariance=") for a in argv):
+            i = argv.index("--")
+            return argv[:i], argv[i + 1:]
         return argv, []
     i = argv.index("--check")
     rest = argv[i + 1:]
@@ -82,14 +96,79 @@ def _run_check(args: argparse.Namespace, script_args: list[str], results: list,
     return (1 if doc["verdict"] == "fail" else 0), str(json_path)
 
 
+def _run_tp_invariance(args: argparse.Namespace, script_args: list[str], results: list) -> int:
+    from torch_neuronx.tools.migrate import tp_invariance
+
+    scripts = [m for m in results if m.report.kind == "python" and m.report.output and not m.report.error]
+    if len(scripts) != 1:
+        print("torch-neuronx migrate: --tp-invariance needs exactly one migrated Python script, got "
+              f"{len(scripts)}", file=sys.stderr)
+        return 2
+    try:
+        result = tp_invariance.run(Path(scripts[0].report.output), script_args, args.tp_invariance,
+                                   Path(args.tp_invariance_out))
+    except ValueError as e:
+        print(f"torch-neuronx migrate: {e}", file=sys.stderr)
+        return 2
+    print(result.text())
+    return 0 if result.verdict == "pass" else 1
+
+
+def _json_unwritable(json_arg: str, out: str | None) -> str | None:
+    """Why the JSON report could not be written, found by writing (and flushing) a byte there: a device such as
+    /dev/full opens but refuses the write. An existing regular file is only checked for permission (it is replaced
+    at the end anyway, and must stay as it is if the run stops before)."""
+    json_path = Path(json_arg)
+    if json_path.is_dir():
+        return f"--json {json_arg}: a directory, not a file"
+    if out is not None and json_path.resolve() == Path(out).resolve():
+        return f"--json {json_arg}: the --out folder itself, not a file in it"
+    if json_path.is_file():
+        return None if os.access(json_path, os.W_OK) else f"--json {json_arg}: cannot write it: permission denied"
+    existed = json_path.exists()
+    try:
+        with open(json_path, "ab") as f:
+            f.write(b"\n")
+            f.flush()
+    except OSError as e:
+        return f"--json {json_arg}: cannot write it: {e.strerror or e}"
+    finally:
+        if not existed and json_path.is_file():
+            json_path.unlink()
+    return None
+
+
+def _unwritable_output(args: argparse.Namespace) -> str | None:
+    """Why an output path cannot be written (checked before anything is written), or None."""
+    if args.json:
+        why = _json_unwritable(args.json, args.out)
+        if why:
+            return why
+    if args.out:
+        out = Path(args.out)
+        ancestor = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+        if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+            return f"--out {args.out}: {ancestor} is not a writable folder"
+    return None
+
+
 def run(args: argparse.Namespace, check_args: list[str] | None = None) -> int:
     from torch_neuronx.tools.migrate import report
     from torch_neuronx.tools.migrate.engine import migrate_paths, unified_diff
     from torch_neuronx.tools.migrate.python import CPU, NEURON
 
-    if args.check and not (args.out or args.in_place):
-        print("torch-neuronx migrate: --check runs the migrated script: give --out DIR or --in-place",
-              file=sys.stderr)
+    for option, given in (("--check", args.check), ("--tp-invariance", args.tp_invariance is not None)):
+        if given and not (args.out or args.in_place):
+            print(f"torch-neuronx migrate: {option} runs the migrated script: give --out DIR or --in-place",
+                  file=sys.stderr)
+            return 2
+    if args.tp_invariance is not None and args.tp_invariance < 2:
+        print(f"torch-neuronx migrate: --tp-invariance {args.tp_invariance}: give a tensor-parallel size of 2 or "
+              "more", file=sys.stderr)
+        return 2
+    bad_output = _unwritable_output(args)
+    if bad_output:
+        print(f"torch-neuronx migrate: {bad_output} (nothing was written)", file=sys.stderr)
         return 2
     target = CPU if args.target == "cpu" else NEURON
     results = migrate_paths(args.paths, out_dir=args.out, in_place=args.in_place, target=target)
@@ -102,8 +181,14 @@ def run(args: argparse.Namespace, check_args: list[str] | None = None) -> int:
     check_code = 0
     if args.check and code < 2:
         check_code, _ = _run_check(args, list(check_args or []), results, CPU)
+    if args.tp_invariance is not None and code < 2:
+        check_code = max(check_code, _run_tp_invariance(args, list(check_args or []), results))
     if args.json:
-        report.write_json(files, args.json)
+        try:
+            report.write_json(files, args.json)
+        except OSError as e:  # checked before anything was written; it can still fill up or vanish since
+            print(f"torch-neuronx migrate: --json {args.json}: cannot write it: {e.strerror or e}", file=sys.stderr)
+            return 2
         print(f"JSON report: {args.json}")
     if not args.out and not args.in_place and any(f.changed for f in files):
         print("(dry run: nothing written; use --out DIR or --in-place)")

@@ -18,7 +18,7 @@ from pathlib import Path
 import libcst as cst
 
 from torch_neuronx.tools.migrate.python import NEURON, Target, migrate_python
-from torch_neuronx.tools.migrate.report import FileReport
+from torch_neuronx.tools.migrate.report import FileReport, Flag
 
 KINDS = {".py": "python", ".ipynb": "notebook", ".sh": "shell", ".bash": "shell"}
 _SKIP_DIRS = {"__pycache__", "node_modules", ".git", ".ipynb_checkpoints"}
@@ -61,6 +61,7 @@ def migrate_source(code: str, kind: str = "python", target: Target = NEURON, pat
         else:
             rep.error = f"unknown kind {kind!r}"
             return m
+        rep.flags = without_reraised_todos(rep.flags)
     except cst.ParserSyntaxError as e:
         rep.error = f"syntax error: {e.message} (the file was left untouched)"
         rep.error_line = e.raw_line
@@ -86,6 +87,23 @@ def migrate_source(code: str, kind: str = "python", target: Target = NEURON, pat
     m.result = out
     rep.changed = out != code
     return m
+
+
+def without_reraised_todos(flags: list[Flag]) -> list[Flag]:
+    """An earlier migration's TODO ("open-todo") above a line that this run flagged again with the same rule is one
+    flag, not two (a `!pip install torch-xla` line of a notebook, a launcher line): a second pass counts what the
+    first did. Each flag raised again cancels one open TODO of its cell whose text it starts with."""
+    raised: list[tuple[int | None, str]] = [(f.cell, f"{f.reason} Native: {f.suggestion}") for f in flags
+                                            if f.rule != "open-todo"]
+    kept = []
+    for f in flags:
+        if f.rule == "open-todo":
+            match = next((r for r in raised if r[0] == f.cell and r[1].startswith(f.reason)), None)
+            if match is not None:
+                raised.remove(match)
+                continue
+        kept.append(f)
+    return kept
 
 
 def _read(path: Path) -> str:
@@ -131,17 +149,49 @@ def collect(paths: Sequence[str | Path], exclude: Path | None = None) -> tuple[l
             if not os.access(p, os.R_OK | os.X_OK):
                 errors.append(FileReport(path=str(p), kind="unknown", error="cannot read the directory"))
                 continue
-            for dirpath, dirnames, filenames in os.walk(p, onerror=lambda e: errors.append(
-                    FileReport(path=str(e.filename), kind="unknown", error=f"cannot read: {e.strerror}"))):
-                d = Path(dirpath)
-                dirnames[:] = sorted(x for x in dirnames if not x.startswith(".") and x not in _SKIP_DIRS
-                                     and (exclude is None or (d / x).resolve() != exclude.resolve()))
-                for f in sorted(filenames):
-                    if kind_of(Path(f)) is not None:
-                        found.append((d / f, p, p))
+            _walk(p, exclude, found, errors)
+        elif not p.is_file():  # a FIFO would block the read forever, a device would never end
+            errors.append(FileReport(path=str(p), kind="unknown", error=_NOT_REGULAR))
         else:
             found.append((p, p.parent, p.parent))
     return found, errors
+
+
+_NOT_REGULAR = "not a regular file (a FIFO, socket or device): skipped"
+MAX_DEPTH = 200  # folders below a root; deeper trees are refused with an error, not walked
+
+
+def _walk(root: Path, exclude: Path | None, found: list[tuple[Path, Path, Path]], errors: list[FileReport]) -> None:
+    """The migratable regular files under `root`, iteratively (no recursion limit to hit), MAX_DEPTH levels at most."""
+    stack = [(root, 0)]
+    too_deep = False
+    while stack:
+        d, depth = stack.pop()
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name, reverse=True)
+        except OSError as e:
+            errors.append(FileReport(path=str(d), kind="unknown", error=f"cannot read: {e.strerror}"))
+            continue
+        files = []
+        for e in entries:
+            path = Path(e.path)
+            if e.is_dir(follow_symlinks=False):
+                if e.name.startswith(".") or e.name in _SKIP_DIRS or (
+                        exclude is not None and path.resolve() == exclude.resolve()):
+                    continue
+                if depth + 1 > MAX_DEPTH:
+                    too_deep = True
+                    continue
+                stack.append((path, depth + 1))
+            elif kind_of(path) is not None:
+                if e.is_file():
+                    files.append((path, root, root))
+                else:
+                    errors.append(FileReport(path=str(path), kind="unknown", error=_NOT_REGULAR))
+        found.extend(reversed(files))
+    if too_deep:
+        errors.append(FileReport(path=str(root), kind="unknown", error=f"folders nest more than {MAX_DEPTH} levels "
+                                 "deep under it: the deeper ones were not searched; give a deeper folder directly"))
 
 
 def output_path(path: Path, root: Path, out_dir: Path) -> Path:

@@ -71,6 +71,12 @@ PREFIX_RULES: list[tuple[str, FlagRule]] = [
     ("optimum.neuron.NeuronModelFor", FlagRule(
         "optimum-inference", "Declined: Optimum Neuron inference models are exported, precompiled artifacts.",
         "transformers' AutoModelFor*.from_pretrained(..., device_map='neuron') and generate() for native inference.")),
+    *((f"optimum.neuron.{prefix}", FlagRule(
+        "optimum-inference", "Declined: Optimum Neuron diffusion pipelines are exported, precompiled artifacts.",
+        "diffusers' pipeline: DiffusionPipeline.from_pretrained(...).to('neuron') (torch.compile the unet / "
+        "transformer with backend='neuron' for speed).")) for prefix in (
+        "NeuronStableDiffusion", "NeuronDiffusion", "NeuronLatentConsistency", "NeuronPixArt", "NeuronFlux",
+        "modeling_diffusion")),
     ("optimum.neuron.accelerate", FlagRule(
         "optimum-accelerate", "Optimum Neuron's accelerator wraps XLA.",
         "accelerate.Accelerator() (it picks the neuron device and the neuron c10d backend by itself).")),
@@ -121,3 +127,7 @@ CC_FLAGS = FlagRule(
     "does not read it.", "drop it; compile with torch.compile(model, backend='neuron') where wanted.")
 XLA_ENV = FlagRule(
     "xla-env", "An XLA / PJRT runtime variable: the native backend does not read it.", "drop it.")
+XLA_TEST = FlagRule(
+    "xla-test", "A test for XLA (`x.device.type == 'xla'`, `'torch_xla' in sys.modules`) is now always false: the "
+    "XLA branch it guards is dead code, and what it skipped now runs.",
+    "test for the neuron device (x.device.type == 'neuron') or drop the branch, then migrate again.")

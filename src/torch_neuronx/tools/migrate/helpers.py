@@ -8,7 +8,8 @@ keeps one torch_xla semantic that has no one-line native form:
   scales the sum by ``1 / world_size``), only when more than one process runs;
 - ``pl.MpDeviceLoader`` moves each batch (tensors inside lists, tuples and dicts) to the device and can be iterated
   once per epoch;
-- ``xm.save`` moves everything to the CPU, writes on the (local) master only, then waits for every process;
+- ``xm.save`` moves everything to the CPU and writes on the (local) master only (no barrier, as torch_xla 2.1+);
+- ``xm.rendezvous(tag)`` waits for every process and returns one ``b""`` per process;
 - ``xm.all_reduce`` returns a new tensor for a tensor (in place for a list) and applies ``scale``;
 - ``xm.mesh_reduce`` gathers a Python value from every process and reduces it;
 - NxD's ``parallel_state`` holds the tensor/data parallel mesh.
@@ -87,23 +88,24 @@ def neuron_optimizer_step(optimizer, barrier=False, optimizer_args=None, **kwarg
 
 _SAVE = '''
 def neuron_save(data, path, master_only=True, global_master=False):
-    """torch.save on the master only, after moving to the CPU, then wait for all, as xm.save did (torch-neuronx
-    migrate). The master is the local one (LOCAL_RANK 0) unless global_master (RANK 0)."""
+    """torch.save on the master only, after moving to the CPU, as xm.save did (torch-neuronx migrate). The master is
+    the local one (LOCAL_RANK 0) unless global_master (RANK 0). No barrier: xm.save has none since PyTorch/XLA 2.1
+    (pytorch/xla 4f7f3dcd "Remove rendezvous from xm.save"), so `if master: neuron_save(...)` cannot hang."""
     rank = int(os.environ.get("RANK" if global_master else "LOCAL_RANK", "0"))
     if not master_only or rank == 0:
         torch.save(neuron_to_device(data, "cpu"), path)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
 '''
 
 _ALL_REDUCE = '''
-def neuron_all_reduce(reduce_type, inputs, scale=1.0, groups=None, **kwargs):
-    """xm.all_reduce: a new tensor for a tensor, in place for a list of tensors, times `scale` (torch-neuronx
-    migrate). `groups` (lists of ranks) is not translated: the whole world reduces."""
+def neuron_all_reduce(reduce_type, inputs, scale=1.0, groups=None, pin_layout=True):
+    """xm.all_reduce: a new tensor for a tensor, in place for a list of tensors, times `scale`; with one process
+    nothing is reduced nor scaled, as XLA (torch-neuronx migrate). `groups` is flagged by the migration."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if not distributed or torch.distributed.get_world_size() == 1:
+        return inputs.clone() if isinstance(inputs, torch.Tensor) else inputs
     tensors = [inputs.clone()] if isinstance(inputs, torch.Tensor) else list(inputs)
     for t in tensors:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(t, op=reduce_type)
+        torch.distributed.all_reduce(t, op=reduce_type)
         if scale != 1.0:
             t.mul_(scale)
     return tensors[0] if isinstance(inputs, torch.Tensor) else inputs
@@ -111,12 +113,24 @@ def neuron_all_reduce(reduce_type, inputs, scale=1.0, groups=None, **kwargs):
 
 _MESH_REDUCE = '''
 def neuron_mesh_reduce(tag, data, reduce_fn):
-    """Gather `data` from every process, reduce it with `reduce_fn`, as xm.mesh_reduce did (torch-neuronx migrate)."""
+    """Gather `data` (moved to the CPU first) from every process, reduce it with `reduce_fn`, as xm.mesh_reduce
+    did (torch-neuronx migrate)."""
+    data = neuron_to_device(data, "cpu")
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return reduce_fn([data])
     gathered = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, data)
     return reduce_fn(gathered)
+'''
+
+_RENDEZVOUS = '''
+def neuron_rendezvous():
+    """Wait for every process, as xm.rendezvous(tag) did, and return what it returned with no payload: one b"" per
+    process; with no process group (one process), [b""] at once (torch-neuronx migrate)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        return [b""] * torch.distributed.get_world_size()
+    return [b""]
 '''
 
 _MESH = '''
@@ -140,6 +154,37 @@ def neuron_mesh():
     return NEURON_MESH["mesh"]
 '''
 
+_INIT_WEIGHT = '''
+def neuron_init_weight(layer, init_method):
+    """Initialise the whole weight with NxD's init_method, as NxD's CPU initialisation did before sharding it
+    (torch-neuronx migrate); returns the layer."""
+    with torch.no_grad():
+        init_method(layer.weight)
+    return layer
+'''
+
+_SKIP_BIAS = '''
+class NeuronSkipBiasLinear(torch.nn.Module):
+    """A linear layer that returns (x @ weight.T, bias) and leaves the addition to the caller, as NxD's
+    skip_bias_add=True did (torch-neuronx migrate). The tensor-parallel plan shards `.linear`; the bias is whole."""
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None):
+        super().__init__()
+        self.linear = torch.nn.Linear(in_features, out_features, bias=False, device=device, dtype=dtype)
+        self.bias = None
+        if bias:
+            bound = 1 / in_features ** 0.5
+            bias = torch.empty(out_features, device=device, dtype=dtype)
+            self.bias = torch.nn.Parameter(bias.uniform_(-bound, bound))
+
+    @property
+    def weight(self):
+        return self.linear.weight
+
+    def forward(self, x):
+        return self.linear(x), self.bias
+'''
+
 HELPERS: dict[str, Helper] = {
     h.name: h
     for h in (
@@ -149,8 +194,11 @@ HELPERS: dict[str, Helper] = {
         Helper("neuron_optimizer_step", _OPT_STEP, (), ("neuron_average_gradients",)),
         Helper("neuron_save", _SAVE, ("os", "torch"), ("neuron_to_device",)),
         Helper("neuron_all_reduce", _ALL_REDUCE, ("torch",)),
-        Helper("neuron_mesh_reduce", _MESH_REDUCE, ("torch",)),
+        Helper("neuron_mesh_reduce", _MESH_REDUCE, ("torch",), ("neuron_to_device",)),
+        Helper("neuron_rendezvous", _RENDEZVOUS, ("torch",)),
         Helper("neuron_init_mesh", _MESH, ("torch",)),
+        Helper("neuron_init_weight", _INIT_WEIGHT, ("torch",)),
+        Helper("NeuronSkipBiasLinear", _SKIP_BIAS, ("torch",)),
     )
 }
 

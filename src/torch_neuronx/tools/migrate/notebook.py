@@ -9,6 +9,7 @@ A cell that does not parse is flagged and left as it was: the notebook is still 
 from __future__ import annotations
 
 import ast
+import copy
 import json
 import re
 from dataclasses import dataclass, field
@@ -17,8 +18,15 @@ from typing import Any
 import libcst as cst
 
 from torch_neuronx.tools.migrate import helpers as helpermod
-from torch_neuronx.tools.migrate.names import Aliases
-from torch_neuronx.tools.migrate.python import NEURON, Target, add_imports, insert_helpers, migrate_module
+from torch_neuronx.tools.migrate.names import Aliases, in_family
+from torch_neuronx.tools.migrate.python import (
+    NEURON,
+    Target,
+    add_imports,
+    insert_helpers,
+    might_need_migration,
+    migrate_module,
+)
 from torch_neuronx.tools.migrate.report import Flag, Rewrite
 from torch_neuronx.tools.migrate.shell import migrate_shell
 
@@ -49,6 +57,8 @@ def self_shell(indent: str, magic: str, spawn_scripts: set[str] | None, cell: in
     """`!cmd` and `%env NAME=VALUE` lines through the launcher rules; None when there is nothing to do."""
     if magic.startswith("!"):
         prefix, cmd = "!", magic[1:]
+    elif re.match(r"%pip\s", magic):
+        prefix, cmd = "%", magic[1:]
     elif re.match(r"%env\s+\w+=", magic):
         prefix, cmd = "%env ", "export " + magic[len("%env"):].strip()
     else:
@@ -56,6 +66,8 @@ def self_shell(indent: str, magic: str, spawn_scripts: set[str] | None, cell: in
     sh = migrate_shell(cmd + "\n", spawn_scripts, cell=cell, line_offset=line)
     res.rewrites += sh.rewrites
     res.flags += sh.flags
+    if sh.code == cmd + "\n":
+        return None  # nothing to do: the line stays byte for byte
     out = []
     for s in sh.code.splitlines(keepends=True):
         body = s.strip()
@@ -66,7 +78,7 @@ def self_shell(indent: str, magic: str, spawn_scripts: set[str] | None, cell: in
         elif prefix == "%env ":
             out.append(indent + "%env " + body.removeprefix("export ").strip() + "\n")
         else:
-            out.append(indent + "!" + body + "\n")
+            out.append(indent + prefix + body + "\n")
     return "".join(out)
 
 
@@ -79,6 +91,7 @@ def migrate_notebook(text: str, target: Target = NEURON, spawn_scripts: set[str]
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise ValueError("not a notebook: no 'cells' list")
     res = NotebookResult("")
+    original = copy.deepcopy(nb)
     parsed: dict[int, tuple[cst.Module, dict[int, str]]] = {}
     trees: dict[int, ast.AST] = {}
     aliases = Aliases()
@@ -105,6 +118,8 @@ def migrate_notebook(text: str, target: Target = NEURON, spawn_scripts: set[str]
             tree = ast.parse("".join(lines))
             module = cst.parse_module("".join(lines))
         except (SyntaxError, cst.ParserSyntaxError, MemoryError, RecursionError) as e:
+            if not _mentions_family(src, aliases):  # an IPython-only form (a `\` continuation), nothing to migrate
+                continue
             line = getattr(e, "lineno", None) or getattr(e, "raw_line", 0)
             msg = getattr(e, "msg", None) or getattr(e, "message", None) or type(e).__name__
             res.flags.append(Flag(line=line, rule="cell-syntax", reason=f"the cell does not parse: {msg}",
@@ -113,11 +128,17 @@ def migrate_notebook(text: str, target: Target = NEURON, spawn_scripts: set[str]
         aliases.add_ast(tree)
         parsed[i] = (module, magics)
         trees[i] = tree
+    # names that flagged code of any cell still uses: their imports stay in every cell (cells share one namespace)
+    keep: set[str] = set()
+    for i, (module, _) in parsed.items():
+        _, ctx = migrate_module(module, aliases, target, cell=i, with_helpers=False, tree=trees[i])
+        keep |= ctx.state.get("still_used", set())
     helper_names: set[str] = set()
     first_helper_cell = None
     migrated: dict[int, cst.Module] = {}
     for i, (module, _) in parsed.items():
-        new, ctx = migrate_module(module, aliases, target, cell=i, with_helpers=False, tree=trees[i])
+        new, ctx = migrate_module(module, aliases, target, cell=i, with_helpers=False, tree=trees[i],
+                                  keep_names=frozenset(keep))
         res.rewrites += ctx.rewrites
         res.flags += ctx.flags
         res.spawn = res.spawn or bool(ctx.state.get("spawn"))
@@ -145,11 +166,30 @@ def migrate_notebook(text: str, target: Target = NEURON, spawn_scripts: set[str]
                         magic = self_shell(mm.group(1), mm.group(2), spawn_scripts, i, int(m.group(1)), res) or magic
                         if not magic.endswith("\n") and line.endswith("\n"):
                             magic += "\n"
-                    out.append(magic)
+                    out += _without_repeated_todos(out, magic.splitlines(keepends=True))
                 else:
                     out.append(line)
             code = "".join(out)
         if code != _source(cell):
             _set_source(cell, code)
-    res.code = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+    changed = any(_source(c) != _source(o) for c, o in zip(nb["cells"], original["cells"], strict=True))
+    res.code = json.dumps(nb, indent=1, ensure_ascii=False) + "\n" if changed else text  # untouched: byte-identical
     return res
+
+
+def _mentions_family(src: str, aliases: Aliases) -> bool:
+    """Whether a cell may hold something to migrate: a marker, or a name earlier cells imported from a family."""
+    if might_need_migration(src):
+        return True
+    names = [local for local, qualname in aliases.names.items() if in_family(qualname)]
+    return bool(names) and re.search(r"\b(" + "|".join(map(re.escape, names)) + r")\b", src) is not None
+
+
+def _without_repeated_todos(before: list[str], new: list[str]) -> list[str]:
+    """A `!` line's TODO block that the lines above already hold (an earlier migration wrote it) is not added
+    again: a second migration leaves the cell as it is."""
+    block = [ln for ln in new if ln.lstrip().startswith("#")]
+    if block and len(new) > len(block) and [ln.strip() for ln in before[-len(block):]] == [
+            ln.strip() for ln in block]:
+        return [ln for ln in new if ln not in block]
+    return new

@@ -9,18 +9,17 @@ Three passes over one libcst tree:
 3. ``Cleanup``: imports of the families go when nothing unflagged needs them, removed statements leave their
    comments behind, empty blocks get ``pass``; then needed imports and the inlined helpers are added.
 
-Rules live in ``rules_xla``, ``rules_optimum`` and ``rules_nxd``; each gets a ``Ctx`` to build code, ask for
-imports and helpers, and flag.
+Rules live in ``rules_xla``, ``rules_optimum`` and ``rules_nxd``, which depend on ``registry`` only (the
+``Rules`` and ``Ctx`` types and the shared expression helpers); only this engine imports them (``all_rules``).
 """
 
 from __future__ import annotations
 
 import ast
-import functools
 import re
 import textwrap
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
@@ -29,68 +28,29 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from torch_neuronx.tools.migrate import flags as flagmod
 from torch_neuronx.tools.migrate import helpers as helpermod
 from torch_neuronx.tools.migrate.names import Aliases, Ref, RefTracking, dotted, in_family, module_name
+from torch_neuronx.tools.migrate.registry import (  # noqa: F401  (re-exported: rules and tests use them)
+    _EMPTY,
+    CPU,
+    NEURON,
+    REMOVED,
+    TODO,
+    Ctx,
+    Expr,
+    ExprRule,
+    Rules,
+    Stmt,
+    StmtRule,
+    Target,
+    _parse_expr,
+    _parse_stmt,
+    arg,
+    bind,
+    is_literal,
+    is_xla_string,
+    split_args,
+    strip_arg,
+)
 from torch_neuronx.tools.migrate.report import Flag, Rewrite
-
-TODO = "# TODO(torch-neuronx migrate):"
-REMOVED = "__torch_neuronx_migrate_removed__"
-_EMPTY = cst.Module(body=[])
-
-
-@dataclass(frozen=True)
-class Target:
-    """What the migration writes: the neuron device (the migration) or the CPU (its reference twin)."""
-
-    device: str = "neuron"
-    backend: str = "neuron"
-
-    @property
-    def synchronize(self) -> str:
-        return "torch.neuron.synchronize()" if self.device == "neuron" else "torch.cpu.synchronize()"
-
-
-NEURON = Target()
-CPU = Target("cpu", "gloo")
-
-Expr = cst.BaseExpression
-Stmt = cst.BaseStatement
-ExprRule = Callable[["Ctx", cst.Call, str], Expr | None]
-StmtRule = Callable[["Ctx", cst.Call, str], list[Stmt] | None]
-
-
-@dataclass
-class Rules:
-    """The rules of one family: calls rewritten as expressions, calls rewritten as statements, names renamed."""
-
-    calls: dict[str, ExprRule] = field(default_factory=dict)
-    statements: dict[str, StmtRule] = field(default_factory=dict)
-    renames: dict[str, Callable[[Ctx], Expr]] = field(default_factory=dict)
-    # hooks on every call (family or not): (ctx, original, updated) -> replacement or None
-    call_hooks: list[Callable[[Ctx, cst.Call, cst.Call], Expr | None]] = field(default_factory=list)
-    # hooks run on each statement line after the calls in it were rewritten: -> statements to add after it
-    after_statement: list[Callable[[Ctx, cst.SimpleStatementLine, cst.SimpleStatementLine], list[Stmt]]] = field(
-        default_factory=list)
-    # calls whose qualified name matches a predicate (a family's classes' `from_pretrained`, ...)
-    call_matchers: list[tuple[Callable[[str], bool], ExprRule]] = field(default_factory=list)
-    # attributes of non-family values (`args.trn_config`): (ctx, attribute) -> replacement or None
-    attr_hooks: list[Callable[[Ctx, cst.Attribute], Expr | None]] = field(default_factory=list)
-    # run once on the parsed module before the rewrite (to learn what is defined and used where)
-    prepare: list[Callable[[Ctx, cst.Module], None]] = field(default_factory=list)
-
-    def merge(self, other: Rules) -> None:
-        self.calls.update(other.calls)
-        self.statements.update(other.statements)
-        self.renames.update(other.renames)
-        self.call_hooks += other.call_hooks
-        self.after_statement += other.after_statement
-        self.call_matchers += other.call_matchers
-        self.attr_hooks += other.attr_hooks
-        self.prepare += other.prepare
-
-    def call_rule(self, qualname: str) -> ExprRule | None:
-        rule = self.calls.get(qualname)
-        if rule is None:
-            rule = next((r for match, r in self.call_matchers if match(qualname)), None)
-        return rule
 
 
 def all_rules() -> Rules:
@@ -102,109 +62,32 @@ def all_rules() -> Rules:
     return rules
 
 
-class Ctx:
-    """What a rule can use: the target, code building, imports, helpers, flags and per-file state."""
-
-    def __init__(self, target: Target, aliases: Aliases, cell: int | None = None) -> None:
-        self.target = target
-        self.aliases = aliases
-        self.cell = cell
-        self.imports: set[tuple[str, str | None]] = set()
-        self.helpers: set[str] = set()
-        self.rewrites: list[Rewrite] = []
-        self.flags: list[Flag] = []
-        self.state: dict[str, Any] = {}
-        self._pending: list[tuple[flagmod.FlagRule, str]] = []  # flags raised inside the current statement
-        self._warnings: list[str] = []
-        self.line = 0  # the line of the node being rewritten
-        self.classes: list[str] = []  # the classes the node being rewritten is in
-        self.assign_target: str | None = None  # `x` of the `x = ...` being rewritten
-
-    # code
-    @staticmethod
-    def code(node: cst.CSTNode) -> str:
-        return _EMPTY.code_for_node(node)
-
-    @staticmethod
-    def expr(code: str) -> Expr:
-        return _parse_expr(code)
-
-    @staticmethod
-    def stmt(code: str) -> Stmt:
-        return _parse_stmt(textwrap.dedent(code))
-
-    def qualname(self, node: cst.BaseExpression) -> str | None:
-        return self.aliases.qualname(node)
-
-    # what the rewritten code needs
-    def need(self, module: str, obj: str | None = None) -> None:
-        self.imports.add((module, obj))
-
-    def helper(self, name: str) -> str:
-        for h in helpermod.closure({name}):
-            self.helpers.add(h)
-            for m in helpermod.HELPERS[h].imports:
-                self.need(m)
-        return name
-
-    # reporting
-    def flag(self, rule: flagmod.FlagRule, code: str = "") -> None:
-        self._pending.append((rule, code))
-
-    def warn(self, message: str) -> None:
-        self._warnings.append(message)
-
-    def device_str(self, quote: str = '"') -> str:
-        return f"{quote}{self.target.device}{quote}"
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse_expr(code: str) -> Expr:  # libcst nodes are immutable: one parse serves every use
-    return cst.parse_expression(code)
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse_stmt(code: str) -> Stmt:
-    return cst.parse_statement(code)
-
-
-def split_args(call: cst.Call) -> tuple[list[cst.Arg], dict[str, cst.Arg]] | None:
-    """Positional and keyword arguments; None when there is a *args or **kwargs (no static mapping)."""
-    pos: list[cst.Arg] = []
-    kw: dict[str, cst.Arg] = {}
-    for a in call.args:
-        if a.star:
-            return None
-        if a.keyword is not None:
-            kw[a.keyword.value] = a
-        else:
-            pos.append(a)
-    return pos, kw
-
-
-def arg(call: cst.Call, index: int, name: str) -> cst.BaseExpression | None:
-    """The argument at `index` or keyword `name`."""
-    split = split_args(call)
-    if split is None:
-        return None
-    pos, kw = split
-    if name in kw:
-        return kw[name].value
-    return pos[index].value if index < len(pos) else None
-
-
-def strip_arg(a: cst.Arg, last: bool) -> cst.Arg:
-    return a.with_changes(comma=cst.MaybeSentinel.DEFAULT) if last else a
-
-
-def is_xla_string(node: cst.CSTNode) -> bool:
+def _names_xla(node: cst.CSTNode) -> bool:
+    """A string literal naming XLA's device type or module: "xla", "xla:0", "torch_xla", "torch_xla.core..."."""
     if not isinstance(node, cst.SimpleString):
         return False
     try:
         value = node.evaluated_value
     except Exception:
         return False
-    return isinstance(value, str) and re.fullmatch(r"xla(:\d+)?", value) is not None
+    return isinstance(value, str) and (re.fullmatch(r"xla(:\d+)?|torch_xla(\..*)?", value) is not None)
+
+
+def _tests_for_xla_prefix(call: cst.Call) -> bool:
+    """`s.startswith("xla")` / `s.startswith(("xla", "cuda"))`: a test of a device string for XLA."""
+    if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "startswith" and call.args):
+        return False
+    first = call.args[0].value
+    values = [e.value for e in first.elements] if isinstance(first, (cst.Tuple, cst.List)) else [first]
+    for v in values:
+        if isinstance(v, cst.SimpleString):
+            try:
+                text = v.evaluated_value
+            except Exception:
+                continue
+            if isinstance(text, str) and re.fullmatch(r"xla(:\d*)?|torch_xla.*", text) is not None:
+                return True
+    return False
 
 
 def _todo_lines(rule: flagmod.FlagRule) -> list[str]:
@@ -252,6 +135,9 @@ class Migrator(RefTracking, cst.CSTTransformer):
         self._stmt_calls: set[int] = set()
         self._stmt_flags: list[list[tuple[flagmod.FlagRule, str, int]]] = []
         self.leftovers: list[Ref] = []
+        self._bare_calls: set[int] = set()  # calls that are a whole expression statement
+        self._targets: set[int] = set()  # what assignments store to (`self.trn_config = ...`): never rewritten
+        self._call_funcs: set[int] = set()  # the `func` of every call (a renamed class called, not used as a value)
 
     def visit_FormattedString(self, node: cst.FormattedString) -> bool:
         self._fstring_quotes.append(node.end)
@@ -313,10 +199,13 @@ class Migrator(RefTracking, cst.CSTTransformer):
 
     def _finish_statement(self, original: cst.CSTNode, result: Any) -> Any:
         flags = self._stmt_flags.pop()
+        explained = [code for _, code, _ in flags]  # a rule that declined a call flagged it with its reason
         for ref in self.refs_by_stmt.get(id(original), []):
             if id(ref.node) not in self.consumed:
                 self.leftovers.append(ref)
-                flags.append((flagmod.for_qualname(ref.qualname), ref.qualname, ref.line))
+                func = self.ctx.code(ref.node).strip()
+                if not any(code.startswith(f"{func}(") for code in explained):
+                    flags.append((flagmod.for_qualname(ref.qualname), ref.qualname, ref.line))
         if not flags:
             return result
         for rule, code, line in flags:
@@ -359,8 +248,25 @@ class Migrator(RefTracking, cst.CSTTransformer):
 
     _original_stmt_call: cst.Call | None = None
 
+    def visit_Call(self, node: cst.Call) -> bool:
+        self._call_funcs.add(id(node.func))
+        return True
+
+    def visit_Expr(self, node: cst.Expr) -> bool:
+        if isinstance(node.value, cst.Call):
+            self._bare_calls.add(id(node.value))
+        return True
+
     def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine,
                                   updated_node: cst.SimpleStatementLine) -> Any:
+        removed = [s for s in updated_node.body if isinstance(s, cst.Expr) and isinstance(s.value, cst.Name)
+                   and s.value.value == REMOVED]
+        if removed:  # `xm.mark_step(); print(1)`: the removed call goes, the rest of the line stays
+            body = [s for s in updated_node.body if s not in removed]
+            if not body:
+                return _removed_marker(original_node)
+            body[-1] = body[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+            updated_node = updated_node.with_changes(body=body)
         extra: list[Stmt] = []
         for hook in self.rules.after_statement:
             extra += hook(self.ctx, original_node, updated_node)
@@ -391,6 +297,12 @@ class Migrator(RefTracking, cst.CSTTransformer):
 
     def leave_SimpleStatementSuite(self, original_node: cst.SimpleStatementSuite,
                                    updated_node: cst.SimpleStatementSuite) -> Any:
+        kept = [s for s in updated_node.body if not (isinstance(s, cst.Expr) and isinstance(s.value, cst.Name)
+                                                     and s.value.value == REMOVED)]
+        if len(kept) < len(updated_node.body):
+            kept = kept or [cst.Pass()]
+            kept[-1] = kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+            updated_node = updated_node.with_changes(body=kept)
         small = original_node.body[0]
         if len(original_node.body) == 1 and isinstance(small, cst.Expr) and id(small.value) in self._stmt_calls:
             self._original_stmt_call = small.value  # type: ignore[assignment]
@@ -412,6 +324,9 @@ class Migrator(RefTracking, cst.CSTTransformer):
 
     # expression-level rules
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> Expr:
+        if _tests_for_xla_prefix(original_node):  # `str(x.device).startswith("xla")`: always False now
+            self.ctx.flag(flagmod.XLA_TEST, self.ctx.code(original_node).strip())
+            self._collect_flags(self._line(original_node))
         ref = self.refs.get(id(original_node.func))
         if ref is None:  # not a family call: hooks (the 'xla' device string, ParallelLoader(...).per_device_loader)
             for hook in self.rules.call_hooks:
@@ -429,6 +344,7 @@ class Migrator(RefTracking, cst.CSTTransformer):
         if rule is None:
             return updated_node
         self.ctx.line = ref.line
+        self.ctx.state["bare_call"] = id(original_node) in self._bare_calls
         new = rule(self.ctx, updated_node, ref.qualname)
         self._collect_flags(ref.line)
         if new is None:
@@ -458,7 +374,9 @@ class Migrator(RefTracking, cst.CSTTransformer):
         make = self.rules.renames.get(ref.qualname)
         if make is None:
             return updated
+        self.ctx.state["renaming_a_call"] = id(original) in self._call_funcs  # `Cls(...)`, not `Cls` as a value
         new = self._fit(make(self.ctx))
+        self._collect_flags(self._line(original))
         self.consumed.add(id(original))
         self._record(ref.qualname.rsplit(".", 1)[-1], original, new)
         return new.with_changes(lpar=updated.lpar, rpar=updated.rpar) if hasattr(updated, "lpar") else new
@@ -466,8 +384,23 @@ class Migrator(RefTracking, cst.CSTTransformer):
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> Expr:
         return self._rename(original_node, updated_node)
 
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
+        self._targets.add(id(node.target))
+        return True
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> bool:
+        self._targets.add(id(node.target))
+        return True
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> bool:
+        self._targets.add(id(node.target))
+        return True
+
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> Expr:
-        if id(original_node) not in self.refs:
+        if original_node.attr.value == "is_xla":  # `x.is_xla`: always False now
+            self.ctx.flag(flagmod.XLA_TEST, self.ctx.code(original_node).strip())
+            self._collect_flags(self._line(original_node))
+        if id(original_node) not in self.refs and id(original_node) not in self._targets:  # a read, not a store
             for hook in self.rules.attr_hooks:
                 new = hook(self.ctx, updated_node)
                 self._collect_flags(self._line(original_node))
@@ -500,6 +433,16 @@ class Migrator(RefTracking, cst.CSTTransformer):
         elif "PJRT_DEVICE" in value or re.search(r"\bXLA_[A-Z_]+", value):
             self.ctx.flag(flagmod.XLA_ENV, value)
         self._collect_flags(self._line(original_node))
+        return updated_node
+
+    def leave_Comparison(self, original_node: cst.Comparison, updated_node: cst.Comparison) -> Expr:
+        """`x.device.type == "xla"`, `"torch_xla" in sys.modules`: tests that are now always false, flagged."""
+        operands = [original_node.left, *(c.comparator for c in original_node.comparisons)]
+        elements = [e.value for o in operands if isinstance(o, (cst.Tuple, cst.List, cst.Set))
+                    for e in o.elements]  # `x.device.type in ("xla", "cuda")`
+        if any(_names_xla(o) for o in [*operands, *elements]):
+            self.ctx.flag(flagmod.XLA_TEST, self.ctx.code(original_node).strip())
+            self._collect_flags(self._line(original_node))
         return updated_node
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
@@ -667,8 +610,22 @@ def _is_import_line(stmt: cst.CSTNode) -> bool:
         isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
 
 
+def _is_docstring(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Expr) and isinstance(
+        stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+
+
+def _header_end(body: Sequence[Stmt]) -> int:
+    """The index after the module's leading docstring and import lines: added imports and helpers go there, before
+    any module code (which may call a helper) and before a late import further down."""
+    i = 1 if body and _is_docstring(body[0]) else 0
+    while i < len(body) and _is_import_line(body[i]):
+        i += 1
+    return i
+
+
 def insert_helpers(module: cst.Module, names: Sequence[str], target: Target) -> cst.Module:
-    """Add the helpers not yet defined, after the last top-level import."""
+    """Add the helpers not yet defined, after the module's leading imports (before any module code)."""
     defined = _defined_names(module)
     todo = [n for n in names if n not in defined]
     if not todo:
@@ -676,9 +633,8 @@ def insert_helpers(module: cst.Module, names: Sequence[str], target: Target) -> 
     code = "\n\n".join(helpermod.source(n, target.device, target.backend) for n in todo)
     stmts = list(cst.parse_module(code).body)
     body = list(module.body)
-    last_import = max((i for i, s in enumerate(body) if _is_import_line(s)), default=-1)
     blank = cst.EmptyLine()
-    at = last_import + 1
+    at = _header_end(body)
     stmts[0] = stmts[0].with_changes(leading_lines=[blank, blank] if at else [])  # type: ignore[attr-defined]
     if at < len(body):
         nxt = body[at]
@@ -691,9 +647,9 @@ def insert_helpers(module: cst.Module, names: Sequence[str], target: Target) -> 
 
 
 def _bound(module: cst.Module) -> set[tuple[str, str | None]]:
-    """The (module, object) pairs the module's top-level imports already provide."""
+    """The (module, object) pairs the module's leading imports already provide (a late import binds too late)."""
     have: set[tuple[str, str | None]] = set()
-    for stmt in module.body:
+    for stmt in module.body[:_header_end(module.body)]:
         if not _is_import_line(stmt):
             continue
         for small in stmt.body:  # type: ignore[attr-defined]
@@ -729,12 +685,8 @@ def add_imports(module: cst.Module, imports: set[tuple[str, str | None]],
         return module
     new = list(cst.parse_module("".join(todo)).body)
     body = list(module.body)
-    last_import = max((i for i, s in enumerate(body) if _is_import_line(s)), default=-1)
-    if last_import < 0:  # after the docstring, if any
-        last_import = 0 if body and isinstance(body[0], cst.SimpleStatementLine) and isinstance(
-            body[0].body[0], cst.Expr) and isinstance(body[0].body[0].value, (cst.SimpleString,
-                                                                               cst.ConcatenatedString)) else -1
-    body[last_import + 1:last_import + 1] = new
+    at = _header_end(body)
+    body[at:at] = new
     return module.with_changes(body=body)
 
 
@@ -748,20 +700,24 @@ class PyResult:
 
 def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON, rules: Rules | None = None,
                    cell: int | None = None, with_helpers: bool = True,
-                   tree: ast.AST | None = None, source: str | None = None) -> tuple[cst.Module, Ctx]:
+                   tree: ast.AST | None = None, source: str | None = None,
+                   keep_names: frozenset[str] = frozenset()) -> tuple[cst.Module, Ctx]:
     """Run the three passes on a parsed module. `with_helpers=False` leaves the helpers to the caller
-    (a notebook inserts them once, in the first cell that needs one)."""
+    (a notebook inserts them once, in the first cell that needs one); `keep_names`: imported names that flagged
+    code elsewhere (a later notebook cell) still uses, whose imports stay."""
     rules = rules or all_rules()
     ctx = Ctx(target, aliases, cell)
     module = _todos_to_first_statement(module)
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     ctx.state["called"] = _called_names_ast(tree) if tree is not None else _called_names(module)
+    ctx.state["tree"] = tree
     for prep in rules.prepare:
         prep(ctx, module)
     migrator = Migrator(ctx, rules)
     new = wrapper.visit(migrator)
     still_used = {(dotted(r.node) or "").split(".")[0] for r in migrator.leftovers}
-    cleanup = Cleanup(ctx, still_used, rules, migrator.import_lines)
+    ctx.state["still_used"] = set(still_used)
+    cleanup = Cleanup(ctx, still_used | keep_names, rules, migrator.import_lines)
     new = new.visit(cleanup)
     for text in cleanup.removed_imports:
         line = migrator.import_lines.get(text, 0)

@@ -13,16 +13,24 @@
 
 The plan of a class is the layers assigned to ``self.<name>`` in it. After ``model = ThatClass(...)`` in the same
 file, ``model = parallelize_module(model, neuron_mesh()["tp"], {plan})`` follows. A class with layers that is not
-instantiated in the file is flagged with its plan. NxD initialised each shard with its ``init_method``; the native
-layers start from ``nn.Linear``'s initialisation (warned).
+instantiated in the file, or is built only inside an expression, is flagged with its plan.
+
+Every parameter of the three layers is handled from NxD's published signature (positional order included):
+``SIGNATURES`` says which map onto the ``torch.nn`` layer, which choose the layout, which change nothing that is
+computed, and which are flagged when given (``stride``, sequence parallelism, ...). ``init_method`` is applied to
+the whole weight (``neuron_init_weight``), as NxD's CPU initialisation did before sharding; ``skip_bias_add=True``
+becomes ``NeuronSkipBiasLinear``, which returns ``(output, bias)``.
 """
 
 from __future__ import annotations
 
+import ast
+from dataclasses import dataclass
+
 import libcst as cst
 
 from torch_neuronx.tools.migrate import flags as flagmod
-from torch_neuronx.tools.migrate.python import Ctx, Expr, Rules, Stmt, arg, split_args
+from torch_neuronx.tools.migrate.registry import Ctx, Expr, Rules, Stmt, bind, is_literal, split_args
 
 NXD = "neuronx_distributed"
 PS = f"{NXD}.parallel_layers.parallel_state"
@@ -43,70 +51,238 @@ def _plans(ctx: Ctx) -> dict[str, dict[str, str]]:
     return ctx.state.setdefault("plans", {})
 
 
+@dataclass(frozen=True)
+class Param:
+    """One parameter of an NxD layer, in the published signature's order, and what the migration does with it.
+
+    outcome: "kwarg" (passed on to the torch.nn layer under `native`), "plan" (chooses the DTensor layout),
+    "init" (NxD's init_method, applied to the whole weight as NxD's CPU initialisation did), "ignore" (no effect
+    on what is computed: memory, speed, inference-only padding), "flag" (flagged unless it is `default`) or
+    "skip-bias" (True: the neuron_skip_bias layer returns (output, bias) as NxD did, where the bias is whole;
+    flagged where NxD's bias was a shard, on a column-parallel layer whose output stays sharded).
+    `sample`: a value other than the default, for the tests and docs/migrate.md's table."""
+
+    name: str
+    outcome: str
+    native: str = ""
+    default: object = None
+    sample: str = ""
+    note: str = ""
+
+
+_SEQ_PAR = "sequence parallelism shards activations along the sequence: a SequenceParallel plan entry and " \
+    "PrepareModuleInput layouts by hand."
+_GROUP = "the plan runs on the mesh's 'tp' dimension: build the mesh with that group's ranks (init_device_mesh)."
+_REDUCE = "the native reduction runs in the tensor's dtype: cast the layer's output (or the model) yourself."
+_ORDER = "DTensor shards in rank order: permute the weight shards when loading them."
+_SKIP_BIAS = "build the layer with bias=False, keep the bias as its own nn.Parameter and return (layer(x), bias) " \
+    "where the code unpacks two values."
+_STRIDE = "NxD gave rank r the chunks r, r + tp, ... of a fused weight (e.g. gate/up, QKV): split it into one " \
+    "nn.Linear per part, each ColwiseParallel, or permute the weight rows so each rank's shard holds its chunks."
+# Signatures: neuronx_distributed/parallel_layers/layers.py (github.com/aws-neuron/neuronx-distributed), positional
+# order included.
+_LINEAR_HEAD = (Param("input_size", "kwarg", "in_features"), Param("output_size", "kwarg", "out_features"),
+                Param("bias", "kwarg", "bias", sample="False"))
+_LINEAR_TAIL = (Param("dtype", "kwarg", "dtype", sample="torch.bfloat16"),
+                Param("device", "kwarg", "device", sample="dev"),
+                Param("stride", "flag", default=1, sample="2", note=_STRIDE),
+                Param("init_method", "init", sample="init_fn"),
+                Param("sequence_parallel_enabled", "flag", default=False, sample="True", note=_SEQ_PAR),
+                Param("sequence_dimension", "ignore", sample="1", note="read only with sequence parallelism"),
+                Param("keep_master_weight", "ignore", sample="True", note="memory only"),
+                Param("skip_bias_add", "skip-bias", default=False, sample="True", note=_SKIP_BIAS))
+COLUMN = (*_LINEAR_HEAD, Param("gather_output", "plan", sample="False"), *_LINEAR_TAIL,
+          Param("pad", "ignore", sample="True", note="the output is sliced back to output_size"),
+          Param("pad_alignment_size_per_rank", "ignore", sample="4", note="read only with pad"),
+          Param("keep_padded_output", "flag", default=False, sample="True",
+                note="the native layer's output has output_size columns: pad it yourself."),
+          Param("tensor_model_parallel_group", "flag", default=None, sample="grp", note=_GROUP),
+          Param("reduce_dtype", "flag", default="torch.float32", sample="torch.bfloat16", note=_REDUCE),
+          Param("rank_ordering", "flag", default=None, sample="[1, 0]", note=_ORDER))
+ROW = (*_LINEAR_HEAD, Param("input_is_parallel", "plan", sample="True"), *_LINEAR_TAIL,
+       Param("pad", "ignore", sample="True", note="inference only (NxD refuses it in training)"),
+       Param("reduce_output", "flag", default=True, sample="False",
+             note="the plan's RowwiseParallel always reduces: keep a Partial output with "
+             "RowwiseParallel(output_layouts=Partial(), use_local_output=False)."),
+       Param("tensor_model_parallel_group", "flag", default=None, sample="grp", note=_GROUP),
+       Param("reduce_dtype", "flag", default="torch.float32", sample="torch.bfloat16", note=_REDUCE),
+       Param("tile_cc", "ignore", sample="True", note="speed only"),
+       Param("rank_ordering", "flag", default=None, sample="[1, 0]", note=_ORDER))
+EMBEDDING = (Param("num_embeddings", "kwarg", "num_embeddings"), Param("embedding_dim", "kwarg", "embedding_dim"),
+             Param("padding_idx", "padding", "padding_idx", sample="3",
+                   note="NxD pads only with a positive index (`if padding_idx and padding_idx >= start_index`): "
+                   "give the index as an int literal, or set padding_idx on the nn.Embedding yourself."),
+             Param("max_norm", "flag", default=None, sample="1.0",
+                   note="max_norm renormalises rows in place, which a vocabulary-sharded weight does per shard: "
+                   "clip the rows yourself."),
+             Param("norm_type", "kwarg", "norm_type", sample="1.0"),
+             Param("scale_grad_by_freq", "flag", default=False, sample="True",
+                   note="frequencies would be counted per shard: scale the gradients yourself."),
+             Param("sparse", "flag", default=False, sample="True",
+                   note="sparse gradients do not shard with DTensor: use dense gradients."),
+             Param("init_method", "init", sample="init_fn"),
+             Param("device", "kwarg", "device", sample="dev"),
+             Param("dtype", "kwarg", "dtype", sample="torch.bfloat16"),
+             Param("shard_across_embedding", "plan", sample="True"),
+             Param("pad", "ignore", sample="True", note="padded vocabulary rows are never looked up"),
+             Param("sequence_parallel_enabled", "flag", default=False, sample="True", note=_SEQ_PAR),
+             Param("tensor_model_parallel_group", "flag", default=None, sample="grp", note=_GROUP),
+             Param("use_spmd_rank", "ignore", sample="True", note="how NxD finds the rank in a traced graph"),
+             Param("sequence_dimension", "ignore", sample="1", note="read only with sequence parallelism"),
+             Param("tile_cc", "ignore", sample="True", note="speed only"),
+             Param("rank_ordering", "flag", default=None, sample="[1, 0]", note=_ORDER),
+             Param("collect_output", "flag", default=True, sample="False",
+                   note="the plan always gives each rank the whole output: shard it yourself."))
+SIGNATURES = {"ColumnParallelLinear": COLUMN, "RowParallelLinear": ROW, "ParallelEmbedding": EMBEDDING}
+
+
+def _option_flag(layer: str, param: Param) -> flagmod.FlagRule:
+    return flagmod.FlagRule("nxd-option", f"{layer}({param.name}=...) has no same-meaning native form "
+                            "(the rewrite would compute something else).", param.note)
+
+
+def _style(kind: str, options: dict[str, cst.BaseExpression]) -> tuple[str, bool]:
+    """The DTensor style of the layer and whether its layout is static."""
+    if kind == "ParallelEmbedding":
+        across = _is_true(options.get("shard_across_embedding"), False)
+        return ("ColwiseParallel(output_layouts=Replicate())" if across else
+                "RowwiseParallel(input_layouts=Replicate())"), across is not None
+    if kind == "ColumnParallelLinear":
+        gather = _is_true(options.get("gather_output"), True)
+        return ("ColwiseParallel(output_layouts=Replicate())" if gather else "ColwiseParallel()"), gather is not None
+    parallel_in = _is_true(options.get("input_is_parallel"), False)
+    return ("RowwiseParallel()" if parallel_in else "RowwiseParallel(input_layouts=Replicate())"), \
+        parallel_in is not None
+
+
 def _layer(kind: str) -> object:
+    params = SIGNATURES[kind]
+    native = "torch.nn.Embedding" if kind == "ParallelEmbedding" else "torch.nn.Linear"
+
     def rule(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
-        split = split_args(call)
-        if split is None:
-            return None
-        pos, kw = split
-        if kind == "embedding":
-            n, d = arg(call, 0, "num_embeddings"), arg(call, 1, "embedding_dim")
-            if n is None or d is None:
-                return None
-            across = _is_true(kw["shard_across_embedding"].value if "shard_across_embedding" in kw else None, False)
-            style = "ColwiseParallel(output_layouts=Replicate())" if across else \
-                "RowwiseParallel(input_layouts=Replicate())"
-            styled = across is not None
-            new = f"torch.nn.Embedding({ctx.code(n)}, {ctx.code(d)})"
-        else:
-            i, o = arg(call, 0, "input_size"), arg(call, 1, "output_size")
-            if i is None or o is None:
-                return None
-            bias = arg(call, 2, "bias")
-            b = "" if bias is None else f", bias={ctx.code(bias)}"
-            new = f"torch.nn.Linear({ctx.code(i)}, {ctx.code(o)}{b})"
-            if kind == "column":
-                gather = _is_true(kw["gather_output"].value if "gather_output" in kw else None, True)
-                style = "ColwiseParallel(output_layouts=Replicate())" if gather else "ColwiseParallel()"
-                styled = gather is not None
-            else:
-                parallel_in = _is_true(kw["input_is_parallel"].value if "input_is_parallel" in kw else None, False)
-                style = "RowwiseParallel()" if parallel_in else "RowwiseParallel(input_layouts=Replicate())"
-                styled = parallel_in is not None
-        dropped = sorted(set(kw) - {"input_size", "output_size", "bias", "gather_output", "input_is_parallel",
-                                    "num_embeddings", "embedding_dim", "shard_across_embedding"})
-        if dropped:
-            ctx.warn(f"dropped NxD layer options: {', '.join(dropped)}")
-        ctx.warn("initialised as torch.nn's layer (NxD initialised each shard with its init_method)")
+        options = bind(call, [p.name for p in params])
+        if options is None or params[0].name not in options or params[1].name not in options:
+            return None  # not bindable statically: flagged as a leftover
+        args = [ctx.code(options[params[0].name]), ctx.code(options[params[1].name])]
+        init = None
+        for p in params[2:]:
+            value = options.get(p.name)
+            if value is None:
+                continue
+            if p.outcome == "kwarg":
+                args.append(f"{p.native}={ctx.code(value)}")
+            elif p.outcome == "padding":
+                padding = _padding_idx(ctx, p, value, options.get("shard_across_embedding"))
+                if padding is not None:
+                    args.append(f"{p.native}={padding}")
+                    # NxD never zeroes the padding row (init_method runs on the whole master weight, the index
+                    # only masks the gradient); nn.Embedding does: re-initialise the weight as NxD did
+                    init = init or "torch.nn.init.normal_"
+            elif p.outcome == "init":
+                init = ctx.code(value)
+            elif p.outcome == "flag" and not is_literal(value, p.default):
+                ctx.flag(_option_flag(kind, p), f"{p.name}={ctx.code(value)}")
+        if "dtype" not in options:  # NxD's layers default to dtype=torch.float32, not torch.get_default_dtype()
+            args.append("dtype=torch.float32")
+        style, styled = _style(kind, options)
+        layer = native
+        if _skip_bias(ctx, kind, options, style):
+            layer = ctx.helper("NeuronSkipBiasLinear")
+        new = f"{layer}({', '.join(args)})"
+        if init is not None:
+            new = f"{ctx.helper('neuron_init_weight')}({new}, {init})"
         ctx.need("torch")
-        target = ctx.assign_target or ""
-        cls = ctx.classes[-1] if ctx.classes else None
-        if not styled or cls is None or not target.startswith("self."):
-            ctx.flag(flagmod.FlagRule(
-                "nxd-plan", "The tensor-parallel plan of this layer cannot be derived statically.",
-                f"parallelize_module(model, mesh['tp'], {{'<path.to.layer>': {style}}}) from "
-                "torch.distributed.tensor.parallel."), ctx.code(call))
-        else:
-            _plans(ctx).setdefault(cls, {})[target[len("self."):]] = style
-            if cls not in ctx.state.get("called", set()):
-                ctx.flag(flagmod.FlagRule(
-                    "nxd-plan", f"{cls} is not instantiated in this file: its plan cannot be applied here.",
-                    f"where {cls} is built: parallelize_module(model, mesh['tp'], {{'{target[5:]}': {style}, ...}})"
-                    " from torch.distributed.tensor.parallel."), ctx.code(call))
+        _plan_entry(ctx, call, style, styled, ".linear" if layer != native else "")
         return ctx.expr(new)
     return rule
 
 
+def _padding_idx(ctx: Ctx, param: Param, value: cst.BaseExpression,
+                 across: cst.BaseExpression | None) -> str | None:
+    """The padding index nn.Embedding gets, None when NxD has none. NxD's ParallelEmbedding (parallel_layers/
+    layers.py, aws-neuron/neuronx-distributed): vocabulary-sharded, `if padding_idx and padding_idx >= start_index
+    and padding_idx < end_index` (0 and negative indices mean no padding); sharded across the embedding,
+    `padding_idx if padding_idx else None` (0 means none, a negative index counts from the end as nn.Embedding's)."""
+    try:
+        index = ast.literal_eval(ctx.code(value).strip())
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        index = ...
+    if index is None:
+        return None
+    if isinstance(index, bool) or not isinstance(index, int):
+        ctx.flag(_option_flag("ParallelEmbedding", param), f"padding_idx={ctx.code(value)}")
+        return None
+    if index > 0:
+        return str(index)
+    if index == 0:
+        return None
+    shard_across = _is_true(across, False)
+    if shard_across is None:
+        ctx.flag(_option_flag("ParallelEmbedding", param), f"padding_idx={ctx.code(value)}")
+        return None
+    return str(index) if shard_across else None
+
+
+def _skip_bias(ctx: Ctx, kind: str, options: dict[str, cst.BaseExpression], style: str) -> bool:
+    """True when skip_bias_add=True is translated (the layer returns (output, whole bias)); flagged when it is
+    not static, or when NxD returned a bias shard (column-parallel, output not gathered)."""
+    value = options.get("skip_bias_add")
+    if value is None or is_literal(value, False):
+        return False
+    if is_literal(value, True) and (kind == "RowParallelLinear" or "Replicate" in style):
+        return True
+    param = next(p for p in SIGNATURES[kind] if p.name == "skip_bias_add")
+    ctx.flag(_option_flag(kind, param), f"skip_bias_add={ctx.code(value)}")
+    return False
+
+
+def _plan_entry(ctx: Ctx, call: cst.Call, style: str, styled: bool, suffix: str = "") -> None:
+    target = ctx.assign_target or ""
+    cls = ctx.classes[-1] if ctx.classes else None
+    if not styled or cls is None or not target.startswith("self."):
+        ctx.flag(flagmod.FlagRule(
+            "nxd-plan", "The tensor-parallel plan of this layer cannot be derived statically.",
+            f"parallelize_module(model, mesh['tp'], {{'<path.to.layer>': {style}}}) from "
+            "torch.distributed.tensor.parallel."), ctx.code(call))
+        return
+    _plans(ctx).setdefault(cls, {})[target[len("self."):] + suffix] = style
+    where = ("is not instantiated in this file" if cls not in ctx.state.get("called", set()) else
+             "is built inside an expression here" if cls in ctx.state.get("built_in_expression", set()) else "")
+    if where:
+        ctx.flag(flagmod.FlagRule(
+            "nxd-plan", f"{cls} {where}: its plan cannot be applied there.",
+            f"where {cls} is built: parallelize_module(model, mesh['tp'], {{'{target[5:]}': {style}, ...}})"
+            " from torch.distributed.tensor.parallel (the path of each layer from the model)."), ctx.code(call))
+
+
 for _p in _LAYER_PATHS:
-    RULES.calls[f"{_p}.ColumnParallelLinear"] = _layer("column")  # type: ignore[assignment]
-    RULES.calls[f"{_p}.RowParallelLinear"] = _layer("row")  # type: ignore[assignment]
-    RULES.calls[f"{_p}.ParallelEmbedding"] = _layer("embedding")  # type: ignore[assignment]
+    for _kind in SIGNATURES:
+        RULES.calls[f"{_p}.{_kind}"] = _layer(_kind)  # type: ignore[assignment]
+
+
+# parallel_state.initialize_model_parallel's signature (neuronx_distributed/parallel_layers/parallel_state.py)
+INIT = (Param("tensor_model_parallel_size", "kwarg", "tensor_model_parallel_size", sample="2"),
+        Param("pipeline_model_parallel_size", "flag", default=1, sample="2",
+              note="a 'pp' mesh dimension and torch.distributed.pipelining (pipeline(), a schedule)."),
+        Param("context_parallel_size", "flag", default=1, sample="2",
+              note="a 'cp' mesh dimension and torch.distributed.tensor.experimental.context_parallel."),
+        Param("expert_model_parallel_size", "flag", default=1, sample="2",
+              note="an 'ep' mesh dimension for the experts (transformers' DistributedConfig(ep_size=...))."),
+        Param("skip_collective_init", "ignore", sample="True", note="NxD's own collective warm-up"),
+        Param("lnc_size", "ignore", sample="2", note="logical NeuronCore size: the runtime's, not the model's"),
+        Param("mesh_only", "ignore", sample="True", note="NxD's own bookkeeping"))
 
 
 def _init(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
-    tp = arg(call, 0, "tensor_model_parallel_size")
-    if arg(call, 1, "pipeline_model_parallel_size") is not None:
-        ctx.flag(flagmod.for_qualname(f"{NXD}.pipeline"), ctx.code(call))
+    options = bind(call, [p.name for p in INIT])
+    if options is None:
+        return None
+    for p in INIT[1:]:
+        value = options.get(p.name)
+        if p.outcome == "flag" and value is not None and not is_literal(value, p.default):
+            ctx.flag(flagmod.FlagRule("nxd-option", f"initialize_model_parallel({p.name}=...) has no same-meaning "
+                                      "native form in the (dp, tp) mesh.", p.note), f"{p.name}={ctx.code(value)}")
+    tp = options.get("tensor_model_parallel_size")
     ctx.helper("neuron_init_mesh")
     ctx.state["mesh"] = True
     return ctx.expr(f"neuron_init_mesh({'' if tp is None else ctx.code(tp)})")
@@ -125,22 +301,43 @@ _GETTERS = {
 }
 
 
-def _getter(code: str) -> object:
-    def rule(ctx: Ctx, call: cst.Call, qn: str) -> Expr:
+# get_tensor_model_parallel_group(as_list=False) / get_data_parallel_group(as_list=False) (parallel_state.py): with
+# as_list=True NxD returns the replica groups, every group's ranks ([[0, 1], [2, 3]] for TP = 2 of 4 ranks), not the
+# caller's group: the rows of the (dp, tp) mesh are the tensor-parallel groups, its columns the data-parallel ones.
+_AS_LIST = {"get_tensor_model_parallel_group": "neuron_mesh().mesh.tolist()",
+            "get_data_parallel_group": "neuron_mesh().mesh.t().tolist()"}
+GETTER_PARAMS = {name: (Param("as_list", "as-list", default=False, sample="True",
+                              note="give as_list as a literal True or False."),) for name in _AS_LIST}
+
+
+def _getter(name: str, code: str) -> object:
+    def rule(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
+        options = bind(call, [p.name for p in GETTER_PARAMS.get(name, ())])
+        if options is None:
+            return None
+        as_list = options.get("as_list")
         ctx.helper("neuron_init_mesh")
-        return ctx.expr(code)
+        if as_list is None or is_literal(as_list, False):
+            return ctx.expr(code)
+        if is_literal(as_list, True):
+            return ctx.expr(_AS_LIST[name])
+        param = GETTER_PARAMS[name][0]
+        ctx.flag(flagmod.FlagRule("nxd-option", f"{name}(as_list=...) returns the replica groups (a list of rank "
+                                  "lists) or the caller's group: which one is not known statically.", param.note),
+                 ctx.code(call))
+        return None
     return rule
 
 
 for _g, _code in _GETTERS.items():
-    RULES.calls[f"{PS}.{_g}"] = _getter(_code)  # type: ignore[assignment]
+    RULES.calls[f"{PS}.{_g}"] = _getter(_g, _code)  # type: ignore[assignment]
 
 
-def _innermost_class(node: cst.BaseExpression) -> str | None:
-    """`Cls(...)`, `Cls(...).to(device)`: the class name."""
+def _innermost_call(node: cst.BaseExpression) -> cst.Call | None:
+    """`Cls(...)`, `Cls(...).to(device)`: the `Cls(...)` call."""
     while isinstance(node, cst.Call):
         if isinstance(node.func, cst.Name):
-            return node.func.value
+            return node
         if isinstance(node.func, cst.Attribute) and isinstance(node.func.value, cst.Call):
             node = node.func.value
             continue
@@ -148,8 +345,48 @@ def _innermost_class(node: cst.BaseExpression) -> str | None:
     return None
 
 
+def _innermost_class(node: cst.BaseExpression) -> str | None:
+    call = _innermost_call(node)
+    return call.func.value if call is not None and isinstance(call.func, cst.Name) else None
+
+
+def _find_expression_builds(ctx: Ctx, module: cst.Module) -> None:
+    """The classes called somewhere other than as `x = Cls(...)` (where the plan is applied after the statement):
+    `Sequential(*[Block() for ...])`, `f(Block())`; their layers' plans are flagged, not silently dropped. Read
+    from Python's parse tree (C speed), only in files that import NxD."""
+    inside: set[str] = set()
+    ctx.state["built_in_expression"] = inside
+    tree = ctx.state.get("tree")
+    if not any(q.startswith(NXD) for q in ctx.aliases.names.values()):
+        return
+    if tree is None:
+        tree = ast.parse(module.code)
+    applied: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            value = node.value
+            while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and isinstance(
+                    value.func.value, ast.Call):  # Cls(...).to(device)
+                value = value.func.value
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+                applied.add(id(value))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and id(node) not in applied:
+            inside.add(node.func.id)
+
+
+RULES.prepare.append(_find_expression_builds)
+
+
 def _apply_plan(ctx: Ctx, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine) -> list[Stmt]:
-    if len(updated.body) != 1 or not isinstance(updated.body[0], cst.Assign):
+    if len(updated.body) != 1:  # `model = Block(); n = 2`: no statement of its own to follow, so flagged
+        for small in updated.body:
+            if isinstance(small, cst.Assign) and _plans(ctx).get(_innermost_class(small.value) or ""):
+                ctx.flag(flagmod.FlagRule(
+                    "nxd-plan", "The model is built on a line with other statements: its plan is not applied.",
+                    "put `model = ThatClass(...)` on a line of its own and migrate again."), ctx.code(small))
+        return []
+    if not isinstance(updated.body[0], cst.Assign):
         return []
     assign = updated.body[0]
     if len(assign.targets) != 1:
@@ -179,3 +416,29 @@ def _apply_plan(ctx: Ctx, original: cst.SimpleStatementLine, updated: cst.Simple
 
 
 RULES.after_statement.append(_apply_plan)
+
+
+def _optimizer_without_foreach(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None:
+    """`torch.optim.SGD(model.parameters(), ...)` in a file whose model got a plan: `foreach=False` added. The plan
+    leaves the parameters it does not name plain tensors next to DTensors, and the multi-tensor (foreach) kernels
+    refuse the mix; the per-parameter loop computes the same update."""
+    if not _plans(ctx):
+        return None
+    qn = ctx.qualname(original.func) or ""
+    parts = qn.split(".")
+    if len(parts) != 3 or parts[:2] != ["torch", "optim"] or not parts[2][:1].isupper() or parts[2] == "Optimizer":
+        return None
+    split = split_args(updated)
+    if split is None or "foreach" in split[1] or "fused" in split[1]:
+        return None
+    ctx.warn("foreach=False: the plan leaves some parameters plain tensors, which foreach kernels cannot mix "
+             "with DTensors")
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    args = [*updated.args[:-1], updated.args[-1].with_changes(comma=comma)] if updated.args else []
+    return updated.with_changes(args=[*args, cst.Arg(keyword=cst.Name("foreach"), value=cst.Name("False"),
+                                                      equal=cst.AssignEqual(cst.SimpleWhitespace(""),
+                                                                            cst.SimpleWhitespace("")))])
+
+
+_optimizer_without_foreach.rule_name = "optimizer-foreach"  # type: ignore[attr-defined]
+RULES.call_hooks.append(_optimizer_without_foreach)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import libcst as cst
 
 from torch_neuronx.tools.migrate import flags as flagmod
-from torch_neuronx.tools.migrate.python import Ctx, Expr, Rules, split_args
+from torch_neuronx.tools.migrate.registry import Ctx, Expr, Rules, split_args
 
 ON = "optimum.neuron"
 RULES = Rules()
@@ -73,6 +73,8 @@ def _native_class(name: str) -> object:
 
     def make(ctx: Ctx) -> Expr:
         ctx.need(mod, native)
+        if name in _MIXIN_CLASSES and not ctx.state.get("renaming_a_call"):  # HfArgumentParser((..., ThisClass))
+            ctx.flag(DEFAULTS_AS_VALUE, name)
         return cst.Name(native)
     return make
 
@@ -103,8 +105,48 @@ def _drop_neuron_kwargs(ctx: Ctx, call: cst.Call, keep_tp: bool = False) -> tupl
     return call.with_changes(args=args), tp
 
 
+# Defaults NeuronTrainingArgumentsMixin (optimum/neuron/trainers/training_args.py, huggingface/optimum-neuron) sets
+# differently from transformers' TrainingArguments (8, 8, True): given explicitly when the call leaves them out.
+OPTIMUM_DEFAULTS = {"per_device_train_batch_size": "1", "per_device_eval_batch_size": "1",
+                    "average_tokens_across_devices": "False"}
+_MIXIN_CLASSES = ("NeuronTrainingArguments", "Seq2SeqNeuronTrainingArguments")
+DEFAULTS_UNKNOWN = flagmod.FlagRule(
+    "optimum-defaults", "Optimum Neuron's training arguments default to per_device_train_batch_size=1, "
+    "per_device_eval_batch_size=1 and average_tokens_across_devices=False (Transformers: 8, 8, True), and this "
+    "call's **kwargs may or may not set them.",
+    "pass the three explicitly (or make sure the dict holds them).")
+
+
+DEFAULTS_AS_VALUE = flagmod.FlagRule(
+    "optimum-defaults", "Used as a class (HfArgumentParser((..., NeuronTrainingArguments))), Transformers' "
+    "TrainingArguments has other defaults than Optimum Neuron's: per_device_train_batch_size and "
+    "per_device_eval_batch_size 8 (Optimum: 1), average_tokens_across_devices True (Optimum: False).",
+    "pass --per_device_train_batch_size 1 --per_device_eval_batch_size 1 --average_tokens_across_devices False "
+    "(or parser.set_defaults(...)) where the old defaults were relied on.")
+
+
+def _with_optimum_defaults(ctx: Ctx, call: cst.Call, new: cst.Call) -> cst.Call:
+    split = split_args(call)
+    if split is None:
+        ctx.flag(DEFAULTS_UNKNOWN, ctx.code(call))
+        return new
+    missing = [k for k in OPTIMUM_DEFAULTS if k not in split[1]]
+    if not missing:
+        return new
+    ctx.warn(f"Optimum Neuron's defaults given explicitly: {', '.join(f'{k}={OPTIMUM_DEFAULTS[k]}' for k in missing)}")
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    args = list(new.args)
+    if args:
+        args[-1] = args[-1].with_changes(comma=comma)
+    args += [_kwarg(ctx, k, ctx.expr(OPTIMUM_DEFAULTS[k])).with_changes(comma=comma) for k in missing]
+    args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return new.with_changes(args=args)
+
+
 def _args_call(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
     new, tp = _drop_neuron_kwargs(ctx, call)
+    if qn.rsplit(".", 1)[-1] in _MIXIN_CLASSES:
+        new = _with_optimum_defaults(ctx, call, new)
     if tp is not None:
         ctx.state["tp_size"] = tp
         ctx.warn(f"tensor_parallel_size={tp} moved to from_pretrained(..., distributed_config=DistributedConfig("
@@ -187,6 +229,7 @@ def _from_pretrained(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
     if len(positional) >= 2:  # from_pretrained(model_id, trn_config, ...)
         dist_arg = positional[1]
         args = [a for a in args if a is not dist_arg]
+    args = _without_flash_attention_2(ctx, args)
     if "use_flash_attention_2" in kw and "attn_implementation" not in kw:
         args.append(_kwarg(ctx, "attn_implementation", cst.SimpleString('"sdpa"')))
     if dist_arg is not None:
@@ -201,3 +244,33 @@ def _from_pretrained(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
 
 
 RULES.call_matchers.append((_is_training_from_pretrained, _from_pretrained))
+
+
+FLASH_ATTENTION_2 = flagmod.FlagRule(
+    "flash-attention-2", "attn_implementation='flash_attention_2' needs the CUDA flash-attn package, which the "
+    "neuron device does not have (the model would fail to load).",
+    "attn_implementation='sdpa' (set here) or 'flex_attention' (docs/attention.md); an NKI kernel can come back "
+    "through torch_neuronx.nki_op.")
+
+
+def _without_flash_attention_2(ctx: Ctx, args: list[cst.Arg]) -> list[cst.Arg]:
+    """`attn_implementation="flash_attention_2"` -> `"sdpa"`, flagged (the kernel choice changes, not the maths)."""
+    out = []
+    for a in args:
+        if (a.keyword is not None and a.keyword.value == "attn_implementation"
+                and isinstance(a.value, cst.SimpleString) and a.value.evaluated_value == "flash_attention_2"):
+            ctx.flag(FLASH_ATTENTION_2, _EMPTY_MODULE.code_for_node(a).strip().rstrip(","))
+            a = a.with_changes(value=cst.SimpleString(f"{a.value.quote}sdpa{a.value.quote}"))
+        out.append(a)
+    return out
+
+
+def _flash_attention_2_hook(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None:
+    """Any call (Transformers' from_pretrained, a config) with attn_implementation="flash_attention_2"."""
+    args = _without_flash_attention_2(ctx, list(updated.args))
+    return None if all(a is b for a, b in zip(args, updated.args, strict=True)) else updated.with_changes(args=args)
+
+
+_EMPTY_MODULE = cst.Module(body=[])
+_flash_attention_2_hook.rule_name = "flash-attention-2"  # type: ignore[attr-defined]
+RULES.call_hooks.append(_flash_attention_2_hook)

@@ -14,7 +14,18 @@ from __future__ import annotations
 import libcst as cst
 
 from torch_neuronx.tools.migrate import flags as flagmod
-from torch_neuronx.tools.migrate.python import Ctx, Expr, Rules, Stmt, arg, is_xla_string, split_args
+from torch_neuronx.tools.migrate.registry import (
+    REMOVED,
+    Ctx,
+    Expr,
+    Rules,
+    Stmt,
+    arg,
+    bind,
+    is_literal,
+    is_xla_string,
+    split_args,
+)
 
 XM = "torch_xla.core.xla_model"
 XR = "torch_xla.runtime"
@@ -22,6 +33,39 @@ XMP = "torch_xla.distributed.xla_multiprocessing"
 PL = "torch_xla.distributed.parallel_loader"
 
 RULES = Rules()
+
+
+# Signatures: torch_xla/core/xla_model.py, torch_xla/distributed/xla_multiprocessing.py (github.com/pytorch/xla).
+ALL_REDUCE = ("reduce_type", "inputs", "scale", "groups", "pin_layout")
+OPTIMIZER_STEP = ("optimizer", "barrier", "optimizer_args", "groups", "pin_layout")
+REDUCE_GRADIENTS = ("optimizer", "groups", "pin_layout")
+RENDEZVOUS = ("tag", "payload", "replicas")
+MESH_REDUCE = ("tag", "data", "reduce_fn")
+SAVE = ("data", "file_or_path", "master_only", "global_master")
+SPAWN = ("fn", "args", "nprocs", "join", "daemon", "start_method")
+GROUPS = flagmod.FlagRule(
+    "xla-groups", "`groups` reduces within sub-groups of ranks; the rewrite would reduce over the whole world.",
+    "torch.distributed.new_group(ranks) for each group (on every rank), then all_reduce(t, group=...) with the "
+    "calling rank's group.")
+
+
+REPLICAS = flagmod.FlagRule(
+    "xla-rendezvous-replicas", "rendezvous with `replicas` waits for those ranks only; a barrier waits for all.",
+    "torch.distributed.barrier(group=torch.distributed.new_group(replicas)) (new_group on every rank).")
+
+
+def _groups_given(call: cst.Call, params: tuple[str, ...]) -> bool:
+    """True when the call passes `groups` (positional or keyword) with a value other than None or []."""
+    options = bind(call, params)
+    groups = None if options is None else options.get("groups")
+    return groups is not None and not is_literal(groups, None) and not is_literal(groups, [])
+
+
+def _flag_groups(ctx: Ctx, call: cst.Call, params: tuple[str, ...]) -> bool:
+    if _groups_given(call, params):
+        ctx.flag(GROUPS, ctx.code(call))
+        return True
+    return False
 
 
 def _env_int(ctx: Ctx, var: str, default: str) -> str:
@@ -45,7 +89,8 @@ def _remove(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt]:
 
 
 def _remove_value(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
-    return None  # used as a value: flagged
+    """A statement of its own on a line with others (`xm.mark_step(); print(1)`): removed; a value: flagged."""
+    return cst.Name(REMOVED) if ctx.state.get("bare_call") else None
 
 
 for _qn in (f"{XM}.mark_step", "torch_xla.sync", f"{XM}.optimization_barrier_"):
@@ -106,30 +151,40 @@ def _is_master(ctx: Ctx, call: cst.Call, qn: str) -> Expr:
 RULES.calls[f"{XM}.is_master_ordinal"] = _is_master
 
 
-def _print_call(ctx: Ctx, call: cst.Call) -> str | None:
+def _print_call(ctx: Ctx, call: cst.Call) -> tuple[str, str] | None:
+    """`print(...)` and the test of the master it prints on: master_print(*args, fd=sys.stdout, local=False,
+    flush=False) prints on the global master, or the local one with local=True (older versions: finalizer=)."""
     split = split_args(call)
     if split is None:
         return None
     pos, kw = split
     parts = [ctx.code(a.value) for a in pos]
+    local = kw["local"].value if "local" in kw else None
+    if local is None or is_literal(local, False):
+        master = f"{_env_int(ctx, 'RANK', '0')} == 0"
+    elif is_literal(local, True):
+        master = f"{_env_int(ctx, 'LOCAL_RANK', '0')} == 0"
+    else:
+        ctx.need("os")
+        master = f'int(os.environ.get("LOCAL_RANK" if {ctx.code(local)} else "RANK", "0")) == 0'
     if "fd" in kw:
         parts.append(f"file={ctx.code(kw['fd'].value)}")
     if "finalizer" in kw:
         ctx.warn("master_print's finalizer is not called")
     parts.append("flush=True")
-    return f"print({', '.join(parts)})"
+    return f"print({', '.join(parts)})", master
 
 
 def _master_print_stmt(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt] | None:
-    p = _print_call(ctx, call)
-    if p is None:
+    got = _print_call(ctx, call)
+    if got is None:
         return None
-    return [ctx.stmt(f"if {_env_int(ctx, 'RANK', '0')} == 0:\n    {p}\n")]
+    return [ctx.stmt(f"if {got[1]}:\n    {got[0]}\n")]
 
 
 def _master_print(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
-    p = _print_call(ctx, call)
-    return None if p is None else ctx.expr(f"{p} if {_env_int(ctx, 'RANK', '0')} == 0 else None")
+    got = _print_call(ctx, call)
+    return None if got is None else ctx.expr(f"{got[0]} if {got[1]} else None")
 
 
 RULES.statements[f"{XM}.master_print"] = _master_print_stmt
@@ -137,11 +192,17 @@ RULES.calls[f"{XM}.master_print"] = _master_print
 
 
 def _rendezvous(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
-    if arg(call, 1, "payload") is not None:
+    options = bind(call, RENDEZVOUS)
+    if options is None:
+        return None
+    payload, replicas = options.get("payload"), options.get("replicas")
+    if payload is not None and not is_literal(payload, b""):
         ctx.flag(flagmod.for_qualname(f"{XM}.rendezvous"), ctx.code(call))
         return None
-    ctx.need("torch")
-    return ctx.expr("torch.distributed.barrier()")
+    if replicas is not None and not is_literal(replicas, []):
+        ctx.flag(REPLICAS, ctx.code(call))
+        return None
+    return ctx.expr(f"{ctx.helper('neuron_rendezvous')}()")
 
 
 RULES.calls[f"{XM}.rendezvous"] = _rendezvous
@@ -156,8 +217,7 @@ def _optimizer_args(ctx: Ctx, call: cst.Call) -> tuple[str, str] | None:
     if opt is None:
         return None
     extra = arg(call, 2, "optimizer_args")
-    if arg(call, 3, "groups") is not None:
-        ctx.warn("`groups` is not translated: gradients are averaged over the whole world")
+    _flag_groups(ctx, call, OPTIMIZER_STEP)
     return ctx.code(opt), ("" if extra is None else f"**{ctx.code(extra)}")
 
 
@@ -171,6 +231,7 @@ def _optimizer_step_stmt(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt] | None
 
 
 def _optimizer_step(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
+    _flag_groups(ctx, call, OPTIMIZER_STEP)
     ctx.helper("neuron_optimizer_step")
     return call.with_changes(func=cst.Name("neuron_optimizer_step"))
 
@@ -179,8 +240,10 @@ RULES.statements[f"{XM}.optimizer_step"] = _optimizer_step_stmt
 RULES.calls[f"{XM}.optimizer_step"] = _optimizer_step
 
 
-def _helper_call(name: str, warn: str = "") -> object:
+def _helper_call(name: str, warn: str = "", params: tuple[str, ...] = ()) -> object:
     def rule(ctx: Ctx, call: cst.Call, qn: str) -> Expr:
+        if "groups" in params:
+            _flag_groups(ctx, call, params)
         ctx.helper(name)
         if warn:
             ctx.warn(warn)
@@ -188,10 +251,42 @@ def _helper_call(name: str, warn: str = "") -> object:
     return rule
 
 
-RULES.calls[f"{XM}.reduce_gradients"] = _helper_call("neuron_average_gradients")  # type: ignore[assignment]
+RULES.calls[f"{XM}.reduce_gradients"] = _helper_call("neuron_average_gradients", params=REDUCE_GRADIENTS)  # type: ignore[assignment]
 RULES.calls[f"{XM}.save"] = _helper_call("neuron_save")  # type: ignore[assignment]
-RULES.calls[f"{XM}.all_reduce"] = _helper_call("neuron_all_reduce")  # type: ignore[assignment]
 RULES.calls[f"{XM}.mesh_reduce"] = _helper_call("neuron_mesh_reduce")  # type: ignore[assignment]
+
+# torch_xla/core/xla_model.py: REDUCE_SUM = 'sum', REDUCE_MUL = 'mul', REDUCE_AND = 'and', REDUCE_OR = 'or',
+# REDUCE_MIN = 'min', REDUCE_MAX = 'max'; all_reduce takes either the constant or its string.
+REDUCE_OPS = {"sum": "SUM", "mul": "PRODUCT", "and": "BAND", "or": "BOR", "min": "MIN", "max": "MAX"}
+REDUCE_TYPE = flagmod.FlagRule(
+    "xla-reduce-type", "all_reduce's reduce_type is not a literal nor an xm.REDUCE_* constant: the rewrite cannot "
+    "map it onto a torch.distributed.ReduceOp.",
+    "pass torch.distributed.ReduceOp.SUM / PRODUCT / BAND / BOR / MIN / MAX (XLA's 'sum', 'mul', 'and', 'or', "
+    "'min', 'max').")
+
+
+def _all_reduce(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
+    """`xm.all_reduce('sum', t)`: the string becomes its ReduceOp, as the REDUCE_* constants do (already renamed in
+    `call`); another value is flagged (torch.distributed.all_reduce refuses a string)."""
+    options = bind(call, ALL_REDUCE)
+    if options is None or "reduce_type" not in options:
+        return None
+    _flag_groups(ctx, call, ALL_REDUCE)
+    reduce_type = options["reduce_type"]
+    code = ctx.code(reduce_type).strip()
+    if code.startswith("torch.distributed.ReduceOp."):
+        return call.with_changes(func=cst.Name(ctx.helper("neuron_all_reduce")))
+    value = reduce_type.evaluated_value if isinstance(reduce_type, cst.SimpleString) else None
+    if not isinstance(value, str) or value not in REDUCE_OPS:
+        ctx.flag(REDUCE_TYPE, ctx.code(call))
+        return None
+    ctx.need("torch")
+    op = ctx.expr(f"torch.distributed.ReduceOp.{REDUCE_OPS[value]}")
+    args = [a.with_changes(value=op) if a.value is reduce_type else a for a in call.args]
+    return call.with_changes(func=cst.Name(ctx.helper("neuron_all_reduce")), args=args)
+
+
+RULES.calls[f"{XM}.all_reduce"] = _all_reduce
 
 
 def _loader(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
@@ -232,7 +327,7 @@ def _spawn_stmt(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt] | None:
         return None
     args = arg(call, 1, "args")
     nprocs = arg(call, 2, "nprocs")
-    call_args = [] if qn == "torch_xla.launch" else [_env_int(ctx, "LOCAL_RANK", "0")]
+    call_args = [] if qn == "torch_xla.launch" else [_env_int(ctx, "RANK", "0")]  # XLA passes the global ordinal
     if isinstance(args, cst.Tuple):
         call_args += [ctx.code(e.value) for e in args.elements]
     elif args is not None:

@@ -8,6 +8,7 @@ Line by line (shell is not Python: no codemod exists for it, and launchers are s
 - ``XLA_USE_BF16`` / ``XLA_DOWNCAST_BF16`` -> flagged: the bf16 choice moves into the script;
 - ``NEURON_RT_*`` (runtime: visible cores, ...) -> kept;
 - ``python script.py`` for a script that called ``xmp.spawn`` -> flagged: launch it with ``torchrun``;
+- ``optimum-cli export neuron`` -> flagged (an inference export, declined);
 - any other mention of torch-xla, optimum-neuron or neuronx-distributed -> flagged.
 """
 
@@ -27,6 +28,7 @@ _CC = re.compile(_ASSIGN.format(name=r"NEURON_CC_FLAGS"))
 _XLA_ENV = re.compile(_ASSIGN.format(name=r"(?:XLA_[A-Z0-9_]+|PJRT_[A-Z0-9_]+|TPU_[A-Z0-9_]+)"))
 _NPC = re.compile(r"\bneuron_parallel_compile\s+")
 _FAMILY = re.compile(r"torch[-_]xla|optimum[-_.]neuron|optimum-cli\s+neuron|neuronx[-_]distributed")
+_EXPORT = re.compile(r"\boptimum-cli\s+export\s+neuron\b")
 _PYTHON = re.compile(r"\bpython3?\s+(?:-u\s+)?(\S+\.py)\b")
 
 SPAWN = flagmod.FlagRule(
@@ -35,6 +37,12 @@ SPAWN = flagmod.FlagRule(
 FAMILY = flagmod.FlagRule(
     "launcher-family", "The launcher names the XLA-era stack (torch-xla, optimum-neuron or neuronx-distributed).",
     "install torch-neuronx (TorchNeuron) and the Hugging Face libraries instead; see docs/migrate.md.")
+
+EXPORT = flagmod.FlagRule(
+    "optimum-export", "Declined: `optimum-cli export neuron` compiles an inference artifact ahead of time with "
+    "neuronx-cc; it is not part of a training migration.",
+    "for native inference, transformers' from_pretrained(..., device_map='neuron') and generate(), or "
+    "torch.compile(model, backend='neuron').")
 
 
 @dataclass
@@ -104,7 +112,9 @@ def migrate_shell(code: str, spawn_scripts: set[str] | None = None, cell: int | 
         for m in _PYTHON.finditer(new):
             if m.group(1).rsplit("/", 1)[-1] in spawn_scripts:
                 todos.append(SPAWN)
-        if _FAMILY.search(new):
+        if _EXPORT.search(new):
+            todos.append(EXPORT)
+        elif _FAMILY.search(new):
             todos.append(FAMILY)
         prev = out[-1].strip() if out else ""
         for rule in todos:
@@ -117,6 +127,8 @@ def migrate_shell(code: str, spawn_scripts: set[str] | None = None, cell: int | 
             res.rewrites.append(Rewrite(line=lineno, rule="launcher", before=line.strip(), after=new.strip(),
                                         warning="; ".join(warnings), cell=cell))
             if new.strip():
+                if flagmod.BF16 in todos:  # `XLA_USE_BF16=1 python train.py`: the assignment stays visible, commented
+                    out.append(f"{indent}# {line.strip()}{eol}")
                 out.append(new + eol)
             elif todos:  # keep the flagged line visible, commented out
                 out.append(f"{indent}# {line.strip()}{eol}")
