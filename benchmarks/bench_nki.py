@@ -7,8 +7,12 @@ Two kernels from torch_neuronx.testing.nki_kernels, on neuron tensors:
 * a 4096-token attention forward, one head of 128, causal (``attention_fwd``: flash-style online softmax over
   512-key tiles) against ``F.scaled_dot_product_attention(..., is_causal=True)`` on the same device.
 
+A third case runs 2,000 instructions on (128, 8) tiles, where the compute is negligible: its time per instruction
+is the interpreter's own overhead (checks, views, dispatch).
+
 Each pair is timed side by side in alternating rounds (medians). The figure per instruction is the launch time
-divided by the instructions it ran (``nki.last_report()``). The goal: one tutorial-sized kernel launch in under a
+divided by the instructions it ran (``nki.last_report()``; ``nl.ndarray`` allocations are counted apart).
+The goal: one tutorial-sized kernel launch in under a
 second.
 
     python benchmarks/bench_nki.py [--quick] [--threads 1] [--json out.json]
@@ -34,7 +38,8 @@ def case(name: str, kernel: object, reference: object, rounds: int) -> dict[str,
         "nki_seconds_per_launch": round(m["nki"], 4),
         "torch_seconds_per_call": round(m["torch"], 5),
         "ratio_nki_to_torch": round(m["nki"] / m["torch"], 1),
-        "instructions_per_launch": launch.total_instructions,
+        "instructions_per_launch": launch.total_instructions,  # instructions only, not nl.ndarray allocations
+        "allocations_per_launch": sum(launch.allocations.values()),
         "microseconds_per_instruction": round(m["nki"] / launch.total_instructions * 1e6, 1),
         "sbuf_peak_bytes_per_partition": launch.sbuf_peak_bytes,
         "psum_peak_banks": launch.psum_peak_banks,
@@ -55,7 +60,29 @@ def main() -> None:
     results[f"attention_fwd_causal_{seq}x128"] = case(
         "attention", lambda: K.attention_fwd(q, k, v, True),
         lambda: F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True), rounds)
+    results["overhead_2000_small_instructions"] = overhead(rounds)
     report(results, args.json)
+
+
+@nki.jit
+def _small_steps(a: object) -> None:
+    """2,000 instructions on (128, 8) tiles: the interpreter's own cost per instruction, the compute negligible."""
+    nl, nisa = nki.language, nki.isa
+    t = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=a)
+    u = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+    for _ in nl.affine_range(1000):
+        nisa.tensor_tensor(dst=u, data1=t, data2=t, op=nl.add)
+        nisa.tensor_copy(dst=t, src=u)
+
+
+def overhead(rounds: int) -> dict[str, float]:
+    a = torch.ones(128, 8, device="neuron")
+    m = medians(interleaved({"nki": lambda: _small_steps(a)}, rounds, inner=1, warmup=1))  # type: ignore[dict-item]
+    launch = nki.last_report()
+    assert launch is not None
+    return {"instructions_per_launch": launch.total_instructions,
+            "microseconds_per_instruction": round(m["nki"] / launch.total_instructions * 1e6, 1)}
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ def hold_sbuf(kib_per_tile: int, tiles: int, **options: object) -> nki.Kernel:
     @nki.jit(**options)
     def hold(a):  # type: ignore[no-untyped-def]
         live = []
-        for _ in nl.affine_range(tiles):
+        for _ in nl.static_range(tiles):  # unrolled: each iteration's tile is its own allocation
             t = nl.ndarray((128, kib_per_tile * KIB // 4), dtype=nl.float32, buffer=nl.sbuf)
             live.append(t)  # all stay live: the kernel needs them at once
         del live
@@ -37,10 +37,53 @@ def test_peak_is_exact_and_freed_tiles_are_returned() -> None:
     assert report.sbuf_budget_bytes == 224 * KIB and report.target == "trn2" and not report.over_budget
 
 
-def test_tiles_rebound_in_a_loop_do_not_pile_up() -> None:
+@pytest.mark.parametrize("loop_name", ["affine_range", "sequential_range", "dynamic_range"])
+def test_a_tile_allocated_in_a_loop_body_is_live_for_its_iteration(loop_name: str) -> None:
+    """Issue 31 item 5: one 100 KiB tile per iteration on trn1 is 100 KiB live (the compiler allocates a body tile
+    per iteration), not 200 KiB because the previous iteration's loop variable still references its tile."""
+    loop = getattr(nl, loop_name)
+
+    @nki.jit(platform_target="trn1", capacity="strict")
+    def per_iteration(a):  # type: ignore[no-untyped-def]
+        for _ in loop(4):
+            t = nl.ndarray((128, 100 * KIB // 4), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.memset(dst=t, value=0.0)
+
+    per_iteration(X)
+    assert nki.last_report().sbuf_peak_bytes == 100 * KIB
+
+
+def test_a_loop_body_may_use_all_eight_psum_banks() -> None:
+    @nki.jit(capacity="strict")
+    def eight_per_iteration(a):  # type: ignore[no-untyped-def]
+        for _ in nl.affine_range(3):
+            banks = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(8)]
+            for b in banks:
+                nisa.memset(dst=b, value=0.0)
+
+    eight_per_iteration(X)
+    assert nki.last_report().psum_peak_banks == 8
+
+
+def test_loop_scopes_do_not_depend_on_python_references() -> None:
+    """The release happens at the end of the iteration even while Python still holds the tile (a list outside)."""
+    @nki.jit
+    def kept(a):  # type: ignore[no-untyped-def]
+        keep = []
+        for _ in nl.affine_range(3):
+            t = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf)  # 4 KiB
+            keep.append(t)
+        after = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+        del keep, after
+
+    kept(X)
+    assert nki.last_report().sbuf_peak_bytes == 4 * KIB
+
+
+def test_unrolled_loops_release_a_tile_when_the_kernel_drops_it() -> None:
     @nki.jit
     def loop(a):  # type: ignore[no-untyped-def]
-        for _ in nl.affine_range(50):
+        for _ in nl.static_range(50):
             t = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf)  # 4 KiB per partition
             nisa.memset(dst=t, value=0.0)
 

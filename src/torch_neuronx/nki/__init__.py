@@ -29,7 +29,7 @@ of the last launch against the target's budget (``TORCH_NEURONX_NKI_CAPACITY``
 from __future__ import annotations
 
 from torch_neuronx.nki import isa, language, typing
-from torch_neuronx.nki._errors import NkiCapacityWarning, NkiValidationError
+from torch_neuronx.nki._errors import NkiCapacityWarning, NkiRangeWarning, NkiValidationError
 from torch_neuronx.nki._launch import Kernel, LaunchReport, jit, last_report, simulate, simulate_kernel
 from torch_neuronx.nki._target import Target, current_target
 from torch_neuronx.nki._tensor import MemoryRegion, NkiTensor
@@ -54,7 +54,8 @@ def provider() -> str:
 
 
 __all__ = [
-    "Kernel", "LaunchReport", "MemoryRegion", "NkiCapacityWarning", "NkiTensor", "NkiValidationError", "Target",
+    "Kernel", "LaunchReport", "MemoryRegion", "NkiCapacityWarning", "NkiRangeWarning", "NkiTensor",
+    "NkiValidationError", "Target",
     "baremetal", "benchmark", "current_target", "isa", "jit", "language", "last_report", "provider", "simulate",
     "simulate_kernel", "typing",
 ]

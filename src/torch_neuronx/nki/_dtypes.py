@@ -115,6 +115,13 @@ def round_to(values: torch.Tensor, name: str) -> torch.Tensor:
         return out
     if values.dtype == target:
         return values
+    if name == "bfloat16" and values.dtype == torch.float32:
+        out = values.to(target)
+        nan = torch.isnan(values)
+        if bool(nan.any()):  # torch's cast can turn a NaN's bits into another NaN; the hardware keeps the top half
+            top = (values.contiguous().view(torch.int32) >> 16).to(torch.int16).view(torch.bfloat16)
+            out = torch.where(nan, top, out)
+        return out
     if name in INTS and values.is_floating_point():
         values = torch.nan_to_num(values, nan=0.0).trunc()
         if name.startswith("uint"):

@@ -37,6 +37,10 @@ def kernel_location() -> tuple[str, int, str]:
     return filename, lineno, linecache.getline(filename, lineno).strip()
 
 
+# who is running: the launch context (in _tensor, above this module) installs its lookup here when it loads
+KERNEL_NAME: list[Any] = [lambda: None]
+
+
 class NkiValidationError(ValueError):
     """An NKI kernel broke a Trainium rule (shape, buffer, dtype, bounds or capacity).
 
@@ -47,11 +51,9 @@ class NkiValidationError(ValueError):
 
     def __init__(self, code: str, instruction: str, message: str, *, operand: str | None = None,
                  value: Any = None, limit: Any = None, hint: str | None = None) -> None:
-        from torch_neuronx.nki._tensor import current_kernel_name
-
         self.code, self.instruction, self.operand = code, instruction, operand
         self.value, self.limit, self.hint = value, limit, hint
-        self.kernel = current_kernel_name()
+        self.kernel = KERNEL_NAME[0]()
         self.filename, self.lineno, self.source = kernel_location()
         where = f"operand '{operand}' " if operand else ""
         text = f"[{code}] {instruction}: {where}{message}"
@@ -63,6 +65,11 @@ class NkiValidationError(ValueError):
         if hint:
             text += f"\n  fix: {hint}"
         super().__init__(text)
+
+
+class NkiRangeWarning(UserWarning):
+    """A Scalar Engine activation got inputs outside the valid input range AWS documents for it, where the
+    instance returns invalid results and the interpreter returns the exact function."""
 
 
 class NkiCapacityWarning(UserWarning):

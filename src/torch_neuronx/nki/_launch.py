@@ -54,6 +54,7 @@ class LaunchReport:
     device: str  # "neuron", "cpu", "numpy" or "fake"
     capacity_mode: str = "warn"
     warnings: list[str] = field(default_factory=list)
+    allocations: dict[str, int] = field(default_factory=dict)  # nl.ndarray / nl.full calls (not instructions)
 
     @property
     def total_instructions(self) -> int:
@@ -332,7 +333,8 @@ def launch(kernel: Kernel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     ledger = state.ledger
     report = LaunchReport(kernel.name, kernel.grid, target.name, dict(state.instructions), ledger.sbuf_peak,
                           target.sbuf_partition_bytes, ledger.psum_peak, target.psum_banks,
-                          time.perf_counter() - start, label, capacity, sorted(ledger.warned))
+                          time.perf_counter() - start, label, capacity, sorted(ledger.warned),
+                          dict(state.allocations))
     _last[:] = [report]
     log.debug("nki launch: %s", report)
     hook = getattr(sys.modules.get("torch_neuronx.tools.nki"), "_record_launch", None)

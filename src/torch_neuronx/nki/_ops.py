@@ -23,12 +23,28 @@ def _cmp(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[.
     return run
 
 
-def _abs_max(a: torch.Tensor, b: Any) -> torch.Tensor:
-    return torch.maximum(torch.abs(a), torch.abs(torch.as_tensor(b, dtype=a.dtype)))
+def _abs_max(a: Any, b: Any) -> torch.Tensor:
+    """The signed input of larger magnitude; on a tie, `b` (AWS's nl.abs_max: "x if |x| > |y| else y")."""
+    a, b = _pair(a, b)
+    return torch.where(torch.abs(a) > torch.abs(b), a, b)
 
 
-def _abs_min(a: torch.Tensor, b: Any) -> torch.Tensor:
-    return torch.minimum(torch.abs(a), torch.abs(torch.as_tensor(b, dtype=a.dtype)))
+def _abs_min(a: Any, b: Any) -> torch.Tensor:
+    """The signed input of smaller magnitude; on a tie, `b` (AWS's nl.abs_min: "x if |x| < |y| else y")."""
+    a, b = _pair(a, b)
+    return torch.where(torch.abs(a) < torch.abs(b), a, b)
+
+
+def _pair(a: Any, b: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    if not torch.is_tensor(a):
+        a = torch.as_tensor(a, dtype=b.dtype if torch.is_tensor(b) else torch.float32)
+    if not torch.is_tensor(b):
+        b = torch.as_tensor(b, dtype=a.dtype)
+    return torch.broadcast_tensors(a, b)  # type: ignore[return-value]
+
+
+# operators only NeuronCore-v4 (trn3) has (AWS: nl.abs_max / nl.abs_min "Available only on NeuronCore-v4")
+V4_ONLY = {"abs_max", "abs_min"}
 
 
 def _as_tensor(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -85,6 +101,12 @@ def _gelu_dx(x: torch.Tensor) -> torch.Tensor:
     return cdf + x * torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
 
 
+def _gelu_sigmoid_dx(x: torch.Tensor) -> torch.Tensor:
+    """d/dx of x * sigmoid(1.702 x), the derivative of nl.gelu_apprx_sigmoid."""
+    s = torch.sigmoid(1.702 * x)
+    return s + 1.702 * x * s * (1 - s)
+
+
 def _silu_dx(x: torch.Tensor) -> torch.Tensor:
     s = torch.sigmoid(x)
     return s * (1 + x * (1 - s))
@@ -105,6 +127,7 @@ UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu_apprx_tanh": _gelu_tanh,
     "gelu_apprx_sigmoid": _gelu_sigmoid,
     "gelu_dx": _gelu_dx,
+    "gelu_apprx_sigmoid_dx": _gelu_sigmoid_dx,
     "silu": F.silu,
     "silu_dx": _silu_dx,
     "softplus": F.softplus,
@@ -138,6 +161,12 @@ REDUCE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "bitwise_and": lambda x: _fold(torch.bitwise_and, x),
     "bitwise_or": lambda x: _fold(torch.bitwise_or, x),
     "bitwise_xor": lambda x: _fold(torch.bitwise_xor, x),
+    # AWS tbl-aluop marks subtract and the logical operators as legal reduction operators too: subtract folds
+    # left to right (x0 - x1 - ...), the logical ones give 1.0 / 0.0 as their element-wise forms do
+    "subtract": lambda x: _fold(torch.sub, x),
+    "logical_and": lambda x: (x != 0).all(dim=-1).to(torch.float32),
+    "logical_or": lambda x: (x != 0).any(dim=-1).to(torch.float32),
+    "logical_xor": lambda x: ((x != 0).sum(dim=-1) % 2).to(torch.float32),
 }
 
 

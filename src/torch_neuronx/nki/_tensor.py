@@ -16,25 +16,31 @@ raises ``err-tensor-access-out-of-bound``.
 
 The launch context (one per thread) holds the grid position, the target, the
 instruction counts and the :class:`Ledger`: live SBUF bytes per partition and
-live PSUM banks, charged when an on-chip storage is created and released when
-the last view of it is dropped, with the high-water mark of the launch.
+live PSUM banks, charged when an on-chip storage is created and released at
+the end of the compiler-loop iteration that allocated it (``loop_iterations``)
+or when the last view of it is dropped, with the high-water mark of the launch.
+
+This module is the bottom of the interpreter: it imports neither ``isa`` nor
+``language``; the operations a tensor performs on itself (``t[...] = x``,
+``a + b``) are registered here by those modules (``register_operations``).
 """
 
 from __future__ import annotations
 
 import enum
 import math
+import operator
 import threading
 import warnings
 import weakref
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from torch_neuronx.nki import _dtypes
+from torch_neuronx.nki import _dtypes, _errors
 from torch_neuronx.nki._errors import NkiCapacityWarning, NkiValidationError
 from torch_neuronx.nki._target import Target
 
@@ -61,6 +67,7 @@ def region(buffer: Any) -> MemoryRegion:
                                  operand="buffer", hint="use nl.sbuf, nl.psum, nl.hbm or nl.shared_hbm") from None
 
 
+_PREFIX = {r: f"{r.value}_" for r in MemoryRegion}  # allocation names (Enum.value is slow on the hot path)
 ON_CHIP = (MemoryRegion.sbuf, MemoryRegion.psum)
 HBM = (MemoryRegion.private_hbm, MemoryRegion.shared_hbm)
 
@@ -80,6 +87,7 @@ class Ledger:
     psum_peak: int = 0
     warned: set[str] = field(default_factory=set)
     closed: bool = False
+    scopes: list[list[Charge]] = field(default_factory=list)  # open iterations of compiler loops, innermost last
 
     def charge(self, kind: MemoryRegion, amount: int, what: str) -> None:
         if kind is MemoryRegion.sbuf:
@@ -107,9 +115,7 @@ class Ledger:
                                      else self.target.psum_banks, hint=hint)
         if code not in self.warned:
             self.warned.add(code)
-            from torch_neuronx.nki._errors import kernel_location
-
-            filename, lineno, _ = kernel_location()
+            filename, lineno, _ = _errors.kernel_location()
             warnings.warn_explicit(f"[{code}] {detail}. The compiler may reuse or spill memory, but this kernel "
                                    "does not fit as written; TORCH_NEURONX_NKI_CAPACITY=strict makes it an error",
                                    NkiCapacityWarning, filename, lineno)
@@ -119,6 +125,40 @@ class Ledger:
             self.sbuf_live -= amount
         else:
             self.psum_live -= amount
+
+    def open_scope(self) -> list[Charge]:
+        """Start one iteration of a compiler loop: the tiles it allocates are live for that iteration only."""
+        scope: list[Charge] = []
+        self.scopes.append(scope)
+        return scope
+
+    def close_scope(self, scope: list[Charge]) -> None:
+        """End the iteration: release what it allocated, whatever Python still references (the loop variable)."""
+        if self.scopes and self.scopes[-1] is scope:
+            self.scopes.pop()
+        elif scope in self.scopes:
+            self.scopes.remove(scope)
+        for item in scope:
+            item.release()
+
+
+class Charge:
+    """One on-chip allocation's charge to the ledger, released once: at the end of the compiler-loop iteration
+    that allocated it, or when the kernel drops its last reference to it (straight-line code, unrolled loops)."""
+
+    __slots__ = ("ledger", "kind", "amount", "released", "watch")
+
+    def __init__(self, ledger: Ledger, kind: MemoryRegion, amount: int) -> None:
+        self.ledger, self.kind, self.amount, self.released = ledger, kind, amount, False
+        self.watch: Any = None
+
+    def on_drop(self, _ref: Any) -> None:
+        self.release()
+
+    def release(self) -> None:
+        if not self.released and not self.ledger.closed:
+            self.released = True
+            self.ledger.release(self.kind, self.amount)
 
 
 class Launch:
@@ -133,14 +173,19 @@ class Launch:
         self.compute = compute  # False: shapes, rules and the ledger only (fake tensors under torch.compile)
         self.ledger = Ledger(target, capacity)
         self.device = device  # where kernel-allocated shared_hbm outputs live (a neuron device, cpu, or None)
-        self.instructions: Counter[str] = Counter()
+        self.instructions: Counter[str] = Counter()  # instructions only (what the engines run)
+        self.allocations: Counter[str] = Counter()  # nl.ndarray and friends: memory, no engine time
         self.shared: list[Storage] = []  # shared_hbm allocations, by order, shared by all programs of the grid
         self.shared_index = 0
         self.names: Counter[str] = Counter()
         self.reduce_regs: torch.Tensor | None = None  # the Scalar Engine's per-partition accumulators
+        self.vector_regs: torch.Tensor | None = None  # the Vector Engine's accumulators (tensor_scalar_reduce)
 
     def count(self, instruction: str) -> None:
         self.instructions[instruction] += 1
+
+    def count_allocation(self, what: str) -> None:
+        self.allocations[what] += 1
 
     def fresh_name(self, prefix: str) -> str:
         self.names[prefix] += 1
@@ -167,6 +212,9 @@ def current_kernel_name() -> str | None:
     return launch.kernel_name if launch else None
 
 
+_errors.KERNEL_NAME[0] = current_kernel_name  # errors name the kernel without importing this module
+
+
 def push(launch: Launch | None) -> Launch | None:
     previous = getattr(_state, "launch", None)
     _state.launch = launch
@@ -180,7 +228,7 @@ class Storage:
     """One allocation: a flat host tensor (None when only shapes are traced) in one memory region."""
 
     __slots__ = ("data", "dtype", "buffer", "name", "shape", "numel", "partitions", "free", "acc", "owner",
-                 "written", "__weakref__")
+                 "written", "charge", "pending", "acc_full", "__weakref__")
 
     def __init__(self, data: torch.Tensor | None, dtype: str, buffer: MemoryRegion, name: str,
                  shape: tuple[int, ...], owner: Any = None) -> None:
@@ -193,18 +241,25 @@ class Storage:
         self.partitions = shape[0] if shape else 1
         self.free = self.numel // self.partitions if self.partitions else 0
         self.acc: torch.Tensor | None = None  # PSUM: which elements a matmul wrote (accumulation groups)
+        self.acc_full = False  # PSUM: every element of acc is set (a whole-tile matmul group is open)
         self.owner = owner  # the torch tensor / numpy array a kernel argument aliases
         self.written = False
+        self.charge: Charge | None = None  # the ledger charge of an on-chip allocation
+        self.pending: float | int | bool | None = None  # a sentinel not yet filled in (filled on first partial use)
+
+
+class ParDim(int):
+    """``nl.par_dim(n)``, the older dialect's partition-dimension marker: an int that remembers where it stood."""
 
 
 def _check_shape(shape: Any, instruction: str) -> tuple[int, ...]:
     if isinstance(shape, int):
         shape = (shape,)
     try:
-        dims = tuple(int(s) for s in shape)
-    except (TypeError, ValueError):
+        dims = tuple(operator.index(s) for s in shape)  # 3.5 or "4" is refused, not truncated
+    except TypeError:
         raise NkiValidationError("err-invalid-shape", instruction, f"shape {shape!r} is not a tuple of ints",
-                                 operand="shape") from None
+                                 operand="shape", hint="every dimension is a Python int") from None
     if not dims or any(d <= 0 for d in dims):
         raise NkiValidationError("err-invalid-shape", instruction, f"shape {dims} needs positive dimensions",
                                  operand="shape", hint="NKI tensors have no zero-size or negative dimensions")
@@ -228,13 +283,32 @@ def allocate(shape: Any, dtype: Any, buffer: Any = MemoryRegion.sbuf, name: str 
             f"partition dimension (shape[0]) of {name or where.value} tensor {dims} is {dims[0]}",
             operand="shape[0]", value=dims[0], limit=f"{target.pmax} partitions (nl.tile_size.pmax)",
             hint="tile the partition dimension in chunks of at most 128 (a Python list of tiles, or a loop)")
+    marked = [i for i, d in enumerate(shape) if isinstance(d, ParDim)] if isinstance(shape, (tuple, list)) else []
+    if marked and marked[0] != 0:
+        raise NkiValidationError(
+            "err-unsupported-feature", instruction, f"nl.par_dim at position {marked[0]} of shape {tuple(shape)}: "
+            "the older dialect's block dimensions before the partition dimension", operand="shape",
+            value=tuple(dims), limit="the partition dimension first (shape[0])",
+            hint="allocate one tile per block (a Python list, or a loop), each (partitions, *free)")
     free_bytes = math.prod(dims[1:]) * _dtypes.itemsize(dt)
-    if where is MemoryRegion.psum and free_bytes > target.psum_bank_bytes:
+    if where is MemoryRegion.sbuf and free_bytes > target.sbuf_partition_bytes:
+        # AWS: the elements per partition of a tile must not exceed the physical SBUF partition
+        # (nl.tile_size.total_available_sbuf_size): one tile that can never fit, refused in every capacity mode
+        # and before any host memory is allocated for it
+        raise NkiValidationError(
+            "err-size-of-dimension-exceed-arch-limit", instruction,
+            f"SBUF tensor {dims} of {dt} holds {free_bytes} bytes per partition", operand="shape",
+            value=free_bytes, limit=f"{target.sbuf_partition_bytes} bytes per SBUF partition on {target.name}",
+            hint="tile the free dimension so one tile fits a partition")
+    # NeuronCore-v4 matmuls write up to 8 banks at once (AWS nc_matmul: moving free size 4096 fp32 / 8192 bf16)
+    psum_tile_bytes = target.psum_bank_bytes * (target.psum_banks if target.nc_version >= 4 else 1)
+    if where is MemoryRegion.psum and free_bytes > psum_tile_bytes:
         raise NkiValidationError(
             "err-psum-tile-exceeds-bank", instruction,
             f"PSUM tensor {dims} of {dt} holds {free_bytes} bytes per partition", operand="shape",
-            value=free_bytes, limit=f"{target.psum_bank_bytes} bytes per partition (one PSUM bank, "
-            f"{target.psum_bank_bytes // 4} float32: nl.tile_size.psum_bank_fmax)",
+            value=free_bytes, limit=f"{psum_tile_bytes} bytes per partition on {target.name} (one PSUM bank, "
+            f"{target.psum_bank_bytes // 4} float32: nl.tile_size.psum_bank_fmax)" if psum_tile_bytes ==
+            target.psum_bank_bytes else f"{psum_tile_bytes} bytes per partition on {target.name} (all 8 PSUM banks)",
             hint="split the free dimension into tiles of at most 512 float32 columns")
     if where is MemoryRegion.shared_hbm and launch.shared_index < len(launch.shared):
         # another program of the grid made this output already: all programs share it
@@ -247,7 +321,7 @@ def allocate(shape: Any, dtype: Any, buffer: Any = MemoryRegion.sbuf, name: str 
                 f"another program as {storage.shape} {storage.dtype}", operand="shape",
                 hint="every program of a launch grid must allocate the same shared_hbm outputs")
         return NkiTensor.whole(storage)
-    label = name or launch.fresh_name(f"{where.value}_")
+    label = name or launch.fresh_name(_PREFIX[where])
     data = None
     if launch.compute:
         tdt = _dtypes.torch_dtype(dt)
@@ -259,12 +333,22 @@ def allocate(shape: Any, dtype: Any, buffer: Any = MemoryRegion.sbuf, name: str 
             data = alias_device_tensor(owner)
         else:
             owner = None
-            data = torch.empty(numel, dtype=tdt)
-        if fill == "sentinel":
+            try:
+                data = torch.empty(numel, dtype=tdt)
+            except (RuntimeError, MemoryError):  # an HBM tensor larger than this host can hold
+                raise NkiValidationError(
+                    "err-out-of-memory", instruction, f"{where.value} tensor {dims} of {dt} "
+                    f"({numel * _dtypes.itemsize(dt)} bytes) cannot be allocated on this host", operand="shape",
+                    value=numel * _dtypes.itemsize(dt), hint="allocate smaller tensors") from None
+        if fill == "sentinel" and where in ON_CHIP:
+            pending = _dtypes.sentinel(dt)  # filled lazily: most tiles are overwritten whole before any read
+        elif fill == "sentinel":
             data.fill_(_dtypes.sentinel(dt))
         elif fill is not None:
             data.fill_(fill)
         storage = Storage(data, dt, where, label, dims, owner=owner)
+        if fill == "sentinel" and where in ON_CHIP:
+            storage.pending = pending
     else:
         storage = Storage(None, dt, where, label, dims)
     if where in ON_CHIP:
@@ -274,20 +358,55 @@ def allocate(shape: Any, dtype: Any, buffer: Any = MemoryRegion.sbuf, name: str 
             amount = max(1, -(-free_bytes // target.psum_bank_bytes))
             if launch.compute:
                 storage.acc = torch.zeros(storage.numel, dtype=torch.bool)
-        launch.ledger.charge(where, amount, f"{label} {dims} {dt}")
-        weakref.finalize(storage, _release, launch.ledger, where, amount)
+        ledger = launch.ledger
+        ledger.charge(where, amount, f"{label} {dims} {dt}")
+        charge = Charge(ledger, where, amount)
+        if ledger.scopes:
+            ledger.scopes[-1].append(charge)
+        # released when the storage goes (reference counting, no cycle): the storage holds the charge, the charge
+        # holds a weak reference to the storage whose callback releases it
+        charge.watch = weakref.ref(storage, charge.on_drop)
+        storage.charge = charge
     if where is MemoryRegion.shared_hbm:
         launch.shared.append(storage)
         launch.shared_index += 1
     return NkiTensor.whole(storage)
 
 
-def _release(ledger: Ledger, kind: MemoryRegion, amount: int) -> None:
-    if not ledger.closed:
-        ledger.release(kind, amount)
+def loop_iterations(values: Iterable[int]) -> Iterator[int]:
+    """The iterations of a compiler loop (``nl.affine_range`` and friends), each one a ledger scope: the NKI compiler
+    allocates a tile declared in a loop body once per iteration, live for that iteration."""
+    launch = current_or_none()
+    if launch is None:
+        yield from values
+        return
+    ledger = launch.ledger
+    for value in values:
+        scope = ledger.open_scope()
+        try:
+            yield value
+        finally:
+            ledger.close_scope(scope)
 
 
 # --------------------------------------------------------------------------------------------- views
+
+
+# The operations a tensor performs on itself (``t[...] = x`` copies, ``a + b`` adds) are instructions, which sit
+# above this module: isa.py and language.py register them here when they load, so this module imports neither.
+_OPERATIONS: dict[str, Any] = {}
+
+
+def register_operations(**functions: Any) -> None:
+    """Called by the instruction modules at import: name -> instruction or nl operator."""
+    _OPERATIONS.update(functions)
+
+
+def operation(name: str) -> Any:
+    fn = _OPERATIONS.get(name)
+    if fn is None:  # only reachable if a tensor exists without torch_neuronx.nki loaded, i.e. never in a launch
+        raise RuntimeError(f"NKI operation {name!r} is not registered: import torch_neuronx.nki first")
+    return fn
 
 
 class DynamicSlice:
@@ -310,15 +429,20 @@ def _oob(instruction: str, what: str, detail: str, operand: str | None = None) -
 class NkiTensor:
     """A view of an NKI storage: ``shape``, element ``strides`` and ``offset``, ``dtype``, ``buffer``."""
 
-    __slots__ = ("storage", "shape", "strides", "offset", "indirect")
+    __slots__ = ("storage", "shape", "strides", "offset", "gather", "free_size", "dynamic")
 
     def __init__(self, storage: Storage, shape: tuple[int, ...], strides: tuple[int, ...], offset: int,
-                 indirect: tuple[int, torch.Tensor | None] | None = None) -> None:
+                 gather: Gather | None = None, dynamic: tuple[tuple[Any, int], ...] = ()) -> None:
         self.storage = storage
         self.shape = tuple(int(s) for s in shape)
         self.strides = tuple(int(s) for s in strides)
-        self.offset = int(offset)
-        self.indirect = indirect  # (dim, per-position indices) for vector-offset (gather/scatter) views
+        self.offset = int(offset)  # the static part of the offset
+        self.gather = gather  # the vector-offset (gather/scatter) indices of an .ap(vector_offset=) view
+        # runtime offsets: (register or 1x1 tile, element stride) pairs, read when an instruction uses the view
+        # (AWS: dma_copy's scalar_offset is "dynamic row selection at runtime"; NkiTensor.select's index "is
+        # resolved at runtime"), so a register moved or an index tile reloaded after the view was built counts
+        self.dynamic = dynamic
+        self.free_size = math.prod(self.shape[1:]) if self.shape else 1  # elements per partition
 
     @classmethod
     def whole(cls, storage: Storage) -> NkiTensor:
@@ -353,19 +477,35 @@ class NkiTensor:
     def on_chip(self) -> bool:
         return self.storage.buffer in ON_CHIP
 
-    @property
-    def free_size(self) -> int:
-        """Elements per partition (the product of the free dimensions)."""
-        return math.prod(self.shape[1:]) if self.shape else 1
-
     def __repr__(self) -> str:
         return f"NkiTensor({self.name!r}, shape={self.shape}, dtype={self.dtype}, buffer={self.buffer.value})"
+
+    def __bool__(self) -> bool:
+        """``assert nl.equal(a, b)`` (the API reference's examples): true when every element is non-zero. Without this,
+        Python would take a tile's truth from ``len()``, so such an assertion could never fail. True while only
+        shapes are traced."""
+        if self.storage.data is None:
+            return True
+        return bool(read(self).ne(0).all())
 
     def __len__(self) -> int:
         return self.shape[0]
 
     def is_indirect(self) -> bool:
-        return self.indirect is not None
+        return self.gather is not None
+
+    def indirect(self, index: Any, num_elem: int | None = None) -> NkiTensor:
+        """NeuronCore-v4 tensor indirection (``.indirect(index)``): not emulated, said so at the call."""
+        raise NkiValidationError(
+            "err-unsupported-feature", ".indirect()", "tensor indirection views (NeuronCore-v4 compute-engine "
+            "gather/scatter) are not emulated", operand="index",
+            hint="gather through the DMA with .ap(pattern, vector_offset=idx, indirect_dim=0) and nisa.dma_copy")
+
+    def vector_select(self, dim: int, vector_offset: Any) -> NkiTensor:
+        """Per-partition indirect addressing: not emulated, said so at the call."""
+        raise NkiValidationError(
+            "err-unsupported-feature", ".vector_select()", "per-partition vector_select views are not emulated",
+            operand="vector_offset", hint="use .ap(pattern, vector_offset=idx, indirect_dim=0) on an HBM tensor")
 
     def get_pattern(self) -> list[list[int]]:
         return [[s, n] for s, n in zip(self.strides, self.shape, strict=True)]
@@ -383,9 +523,10 @@ class NkiTensor:
 
     # ---- views
     def _view(self, shape: Sequence[int], strides: Sequence[int], offset: int, what: str,
-              indirect: tuple[int, torch.Tensor | None] | None = None) -> NkiTensor:
-        view = NkiTensor(self.storage, tuple(shape), tuple(strides), offset, indirect)
-        view._check_bounds(what)
+              gather: Gather | None = None) -> NkiTensor:
+        view = NkiTensor(self.storage, tuple(shape), tuple(strides), offset, gather, self.dynamic)
+        if not view.dynamic:
+            view._check_bounds(what)
         return view
 
     def _check_bounds(self, what: str, instruction: str = "tensor view") -> None:
@@ -393,9 +534,9 @@ class NkiTensor:
         if any(n <= 0 for n in self.shape):
             raise _oob(instruction, what, f"the view {self.shape} of {st.name!r} is empty")
         dims = list(zip(self.shape, self.strides, strict=True))
-        if self.indirect is not None:
-            dims = [d for i, d in enumerate(dims) if i != self.indirect[0]]
-        if st.buffer in ON_CHIP and st.free and self.shape and self.indirect is None:
+        if self.gather is not None:
+            dims = [d for i, d in enumerate(dims) if i != self.gather.dim]
+        if st.buffer in ON_CHIP and st.free and self.shape and self.gather is None:
             free = st.free
             p_stride = self.strides[0]
             if self.shape[0] > 1 and p_stride % free != 0:
@@ -415,7 +556,7 @@ class NkiTensor:
             return
         lo = self.offset + sum((n - 1) * s for n, s in dims if s < 0)
         hi = self.offset + sum((n - 1) * s for n, s in dims if s > 0)
-        if lo < 0 or (self.indirect is None and hi >= st.numel):
+        if lo < 0 or (self.gather is None and hi >= st.numel):
             raise _oob(instruction, what, f"elements {lo}..{hi} of {st.name!r} {st.shape} (storage of {st.numel} "
                        "elements) are outside it")
 
@@ -474,16 +615,14 @@ class NkiTensor:
         return self._view(shape, strides, offset, f"{self.name}[...]")
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        from torch_neuronx.nki import isa
-
         view = self[key]
         if isinstance(value, NkiTensor):
             if view.on_chip and value.on_chip:
-                isa.tensor_copy(dst=view, src=value)
+                operation("tensor_copy")(dst=view, src=value)
             else:
-                isa.dma_copy(dst=view, src=value)
+                operation("dma_copy")(dst=view, src=value)
         else:
-            isa.memset(dst=view, value=value)
+            operation("memset")(dst=view, value=value)
 
     def ap(self, pattern: Sequence[Sequence[int]], offset: int | None = None, scalar_offset: Any = None,
            vector_offset: NkiTensor | None = None, indirect_dim: int = 0, dtype: Any = None) -> NkiTensor:
@@ -507,22 +646,30 @@ class NkiTensor:
                                      "mutually exclusive", operand="scalar_offset")
         if not 0 <= indirect_dim < len(pairs):
             raise _oob(".ap()", self.name, f"indirect_dim {indirect_dim} for a {len(pairs)}-entry pattern")
+        dynamic = self.dynamic
         if scalar_offset is not None:
-            base += _scalar_value(scalar_offset) * strides[indirect_dim]
+            if _is_static(scalar_offset):
+                base += int(scalar_offset) * strides[indirect_dim]
+            else:  # a register or a 1x1 tile: read when the instruction runs
+                dynamic = dynamic + ((scalar_offset, strides[indirect_dim]),)
+        gather = None
         if vector_offset is not None:
             if self.on_chip:
                 raise NkiValidationError("err-unsupported-memory", ".ap()", "vector_offset indexes an HBM tensor",
                                          operand="vector_offset", value=self.buffer.value)
-            indices = None
-            launch = current()
-            if launch.compute and vector_offset.storage.data is not None:
-                indices = read(vector_offset).reshape(-1).to(torch.int64)
-                if indices.numel() != shape[indirect_dim]:
-                    raise NkiValidationError("err-invalid-access-pattern", ".ap()",
-                                             f"vector_offset has {indices.numel()} indices for a dimension of "
-                                             f"{shape[indirect_dim]}", operand="vector_offset")
-            return self._view(shape, strides, base, f"{self.name}.ap(...)", indirect=(indirect_dim, indices))
-        return self._view(shape, strides, base, f"{self.name}.ap(...)")
+            if not isinstance(vector_offset, NkiTensor):
+                raise NkiValidationError("err-invalid-access-pattern", ".ap()", "vector_offset is an on-chip "
+                                         f"index tile, not {type(vector_offset).__name__}", operand="vector_offset")
+            if vector_offset.size != shape[indirect_dim]:
+                raise NkiValidationError("err-invalid-access-pattern", ".ap()",
+                                         f"vector_offset has {vector_offset.size} indices for a dimension of "
+                                         f"{shape[indirect_dim]}", operand="vector_offset")
+            # the index tile itself, read when the DMA runs (a tile reloaded after .ap() gives the new rows)
+            gather = Gather(indirect_dim, None, tuple(vector_offset.shape), source=vector_offset)
+        view = NkiTensor(self.storage, tuple(shape), tuple(strides), base, gather, dynamic)
+        if not dynamic:
+            view._check_bounds(f"{self.name}.ap(...)")
+        return view
 
     def reshape(self, shape: Sequence[int]) -> NkiTensor:
         dims = [int(d) for d in (shape if not isinstance(shape, int) else (shape,))]
@@ -595,17 +742,21 @@ class NkiTensor:
 
     def select(self, dim: int, index: Any) -> NkiTensor:
         key: list[Any] = [slice(None)] * self.ndim
-        key[dim] = _scalar_value(index)
+        if _is_static(index):
+            key[dim] = int(index)
+            return self[tuple(key)]
+        # AWS NkiTensor.select: "the index is resolved at runtime": a register or a 1x1 tile, read at each use
+        dim = dim + self.ndim if dim < 0 else dim
+        key[dim] = 0
         view = self[tuple(key)]
-        if dim == 0 and self.on_chip:
-            return view
-        return view
+        stride = self.strides[dim]
+        limit = self.shape[dim]
+        return NkiTensor(view.storage, view.shape, view.strides, view.offset, view.gather,
+                         view.dynamic + ((_Bounded(index, limit, f"{self.name}.select({dim})"), stride),))
 
     # nl-style arithmetic on tiles (the older dialect wrote a + b)
     def _binary(self, other: Any, op: str, reverse: bool = False) -> NkiTensor:
-        from torch_neuronx.nki import language as nl
-
-        fn = getattr(nl, op)
+        fn = operation(op)
         return fn(other, self) if reverse else fn(self, other)
 
     def __add__(self, o: Any) -> NkiTensor:
@@ -630,9 +781,7 @@ class NkiTensor:
         return self._binary(o, "divide")
 
     def __neg__(self) -> NkiTensor:
-        from torch_neuronx.nki import language as nl
-
-        return nl.negative(self)
+        return operation("negative")(self)
 
     def view(self, dtype: Any) -> NkiTensor:
         """Reinterpret a whole, contiguous allocation as another dtype (the last dimension scales)."""
@@ -647,11 +796,52 @@ class NkiTensor:
             raise NkiValidationError("err-invalid-shape", ".view()", f"last dimension of {last} bytes is not a "
                                      f"multiple of {new_size}", operand="dtype")
         shape = self.shape[:-1] + (last // new_size,)
+        if st.data is not None:
+            materialize(st)
         data = None if st.data is None else st.data.view(_dtypes.torch_dtype(new))
         twin = Storage(data, new, st.buffer, st.name, shape, owner=st)  # keeps st (and its ledger charge) alive
         return NkiTensor.whole(twin)
 
     reinterpret_cast = view
+
+
+def _is_static(value: Any) -> bool:
+    """Whether an offset is known when the view is built (a Python int), not a register or a tile."""
+    return isinstance(value, int) or (not isinstance(value, NkiTensor) and not hasattr(value, "value")
+                                      and hasattr(value, "__index__"))
+
+
+class _Bounded:
+    """A runtime index that must stay below `limit` (NkiTensor.select): checked when it is read."""
+
+    __slots__ = ("source", "limit", "what")
+
+    def __init__(self, source: Any, limit: int, what: str) -> None:
+        self.source, self.limit, self.what = source, limit, what
+
+    def value(self) -> int:
+        index = _scalar_value(self.source)
+        if not 0 <= index < self.limit:
+            raise _oob("tensor view", self.what, f"runtime index {index} on a dimension of size {self.limit}")
+        return index
+
+
+def resolve(t: NkiTensor) -> NkiTensor:
+    """View `t` with its runtime offsets read now (registers, index tiles): what an instruction addresses when it
+    runs. Static views come back unchanged; the resolved view is bounds-checked."""
+    g = t.gather
+    if not t.dynamic and (g is None or g.source is None):
+        return t
+    offset = t.offset
+    for source, stride in t.dynamic:
+        offset += (source.value() if isinstance(source, _Bounded) else _scalar_value(source)) * stride
+    if g is not None and g.source is not None:
+        src = g.source
+        values = read(src).to(torch.int64).reshape(-1) if src.storage.data is not None else None
+        g = Gather(g.dim, values, g.index_shape, column_major=g.column_major)
+    view = NkiTensor(t.storage, t.shape, t.strides, offset, g)
+    view._check_bounds(f"{t.name} (runtime offset)")
+    return view
 
 
 def _scalar_value(value: Any) -> int:
@@ -666,8 +856,42 @@ def _scalar_value(value: Any) -> int:
     return int(value)
 
 
+@dataclass(frozen=True)
+class Gather:
+    """The indices of a vector-offset view: which dimension they replace, the index tile they are read from when
+    the instruction runs (`source`), their values once read (None before, and while tracing shapes), the shape of
+    the index tile, and whether they are flattened column-major (the DMA's gather-transpose) or row-major."""
+
+    dim: int
+    values: torch.Tensor | None
+    index_shape: tuple[int, ...]
+    source: Any = None
+    column_major: bool = False
+
+    def flat(self) -> torch.Tensor:
+        assert self.values is not None
+        values = self.values.reshape(self.index_shape[0], -1)
+        return (values.T if self.column_major else values).reshape(-1)
+
+
+def column_major_gather(t: NkiTensor) -> NkiTensor:
+    """`t` with its vector-offset indices flattened column-major, as the DMA's gather-transpose reads them."""
+    g = t.gather
+    if g is None:
+        return t
+    return NkiTensor(t.storage, t.shape, t.strides, t.offset,
+                     Gather(g.dim, g.values, g.index_shape, g.source, column_major=True), t.dynamic)
+
+
+def in_bounds(t: NkiTensor) -> torch.Tensor:
+    """Per element of resolved indirect view `t`: whether its vector-offset index lands inside the tensor."""
+    index = _flat_indices(t)
+    return ((index >= 0) & (index < t.storage.numel)).expand(t.shape)
+
+
 def _flat_indices(t: NkiTensor) -> torch.Tensor:
-    dim, indices = t.indirect  # type: ignore[misc]
+    assert t.gather is not None
+    dim, indices = t.gather.dim, t.gather.flat()
     index = torch.full((), t.offset, dtype=torch.int64)
     for d, (n, s) in enumerate(zip(t.shape, t.strides, strict=True)):
         pos = indices if d == dim else torch.arange(n, dtype=torch.int64)
@@ -677,14 +901,55 @@ def _flat_indices(t: NkiTensor) -> torch.Tensor:
     return index
 
 
-def read(t: NkiTensor) -> torch.Tensor:
-    """The values of view `t` (a torch view when possible; a gather for indirect views)."""
+def materialize(st: Storage) -> None:
+    """Fill in a new allocation's sentinel before anything reads it or writes part of it."""
+    if st.pending is not None:
+        assert st.data is not None
+        st.data.fill_(st.pending)
+        st.pending = None
+
+
+def prepare_write(t: NkiTensor) -> None:
+    """Before a write to view `t`: a write that covers the whole allocation needs no sentinel first."""
+    st = t.storage
+    if st.pending is None:
+        return
+    if covers(t):
+        st.pending = None
+    else:
+        materialize(st)
+
+
+def covers(t: NkiTensor) -> bool:
+    """Whether view `t` is its whole allocation, element for element in order."""
+    return (t.gather is None and not t.dynamic and t.offset == 0 and t.size == t.storage.numel
+            and t.strides == _contiguous(t.shape))
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+def read(t: NkiTensor, *, skip_oob: bool = False) -> torch.Tensor:
+    """The values of view `t` (a torch view when possible; a gather for indirect views, whose out-of-bounds
+    elements read as 0 with `skip_oob`: the caller keeps its destination there, see :func:`in_bounds`)."""
     data = t.storage.data
     assert data is not None
-    if t.indirect is not None:
+    if t.storage.pending is not None:
+        materialize(t.storage)
+    if t.dynamic or t.gather is not None:
+        t = resolve(t)
+    if t.gather is not None:
         index = _flat_indices(t)
-        if bool((index < 0).any()) or bool((index >= data.numel()).any()):
-            raise _oob("dma", t.name, "an indirect (vector_offset) index points outside the tensor")
+        ok = (index >= 0) & (index < data.numel())
+        if not bool(ok.all()):
+            if not skip_oob:
+                raise _oob("dma", t.name, "an indirect (vector_offset) index points outside the tensor")
+            return torch.where(ok, data[torch.where(ok, index, 0)], torch.zeros((), dtype=data.dtype))
         return data[index]
     return data.as_strided(t.shape, t.strides, t.offset)
 
@@ -694,8 +959,12 @@ def write(t: NkiTensor, values: torch.Tensor, *, skip_oob: bool = False) -> None
     st = t.storage
     data = st.data
     assert data is not None
+    if st.pending is not None:
+        prepare_write(t)
     values = _dtypes.round_to(values, st.dtype)
-    if t.indirect is not None:
+    if t.dynamic or t.gather is not None:
+        t = resolve(t)
+    if t.gather is not None:
         index = _flat_indices(t)
         ok = (index >= 0) & (index < data.numel())
         if not bool(ok.all()):
@@ -709,6 +978,7 @@ def write(t: NkiTensor, values: torch.Tensor, *, skip_oob: bool = False) -> None
     st.written = True
     if st.acc is not None:  # a non-matmul write ends the PSUM accumulation group there
         st.acc.as_strided(t.shape, t.strides, t.offset).fill_(False)
+        st.acc_full = False
 
 
 def tensors_in(values: Iterable[Any]) -> list[NkiTensor]:

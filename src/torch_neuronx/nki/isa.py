@@ -3,24 +3,30 @@
 Each instruction takes ``dst=`` first, as in NKI 0.6. It first checks its
 operands (memory region, partition size, free sizes, dtypes, tile limits of
 the target generation) and raises :class:`NkiValidationError` at the kernel's
-line on a violation; then it runs as one or a few torch ops: inputs cast to
-float32 (integers stay exact when every operand is an integer), the result
-rounded to ``dst``'s dtype. ``nc_matmul`` accumulates in float32 in PSUM: the
-first write to a PSUM location overwrites, later writes accumulate
-(``accumulate=None``), or as ``accumulate=True/False`` says.
+line on a violation; then it runs as one or a few torch ops in the arithmetic
+AWS documents for its engine (float32 math; bit patterns for bitvec
+operators; GpSimd's exact integers for an all-int32 ``tensor_tensor``), the
+result rounded to ``dst``'s dtype. Instructions sit above the tensor and
+memory model (``_tensor``), which they register with for ``t[...] = x``.
+``nc_matmul`` accumulates in float32 in PSUM: the first write to a PSUM
+location overwrites, later writes accumulate (``accumulate=None``), or as
+``accumulate=True/False`` says.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
+import inspect
 import math
+import warnings
 from typing import Any
 
 import torch
 
-from torch_neuronx.nki import _dtypes
-from torch_neuronx.nki._errors import NkiValidationError
-from torch_neuronx.nki._ops import BINARY, BITVEC, REDUCE, UNARY, op_name
+from torch_neuronx.nki import _dtypes, _errors
+from torch_neuronx.nki._errors import NkiRangeWarning, NkiValidationError
+from torch_neuronx.nki._ops import BINARY, BITVEC, REDUCE, UNARY, V4_ONLY, op_name
 from torch_neuronx.nki._tensor import (
     HBM,
     ON_CHIP,
@@ -28,8 +34,14 @@ from torch_neuronx.nki._tensor import (
     MemoryRegion,
     NkiTensor,
     allocate,
+    column_major_gather,
+    covers,
     current,
+    in_bounds,
+    prepare_write,
     read,
+    register_operations,
+    resolve,
     write,
 )
 from torch_neuronx.nki._tensor import NkiTensor as _NkiTensor
@@ -39,7 +51,9 @@ __all__ = [
     "dge_mode", "engine", "get_nc_version", "iota", "memset", "nc_matmul", "nc_transpose", "nc_version",
     "oob_mode", "reciprocal", "reduce_cmd", "register_alloc", "register_load", "register_move", "register_store",
     "tensor_copy", "tensor_copy_predicated", "tensor_partition_reduce", "tensor_reduce", "tensor_scalar",
-    "tensor_tensor", "tensor_tensor_scan", "VirtualRegister", "matmul_perf_mode",
+    "tensor_tensor", "tensor_tensor_scan", "VirtualRegister", "matmul_perf_mode", "scalar_tensor_tensor",
+    "tensor_scalar_reduce", "dma_engine", "nonzero_with_count", "nc_stream_shuffle", "activate2",
+    "dma_compute",
 ]
 
 
@@ -168,7 +182,22 @@ def _tile(instruction: str, operand: str, t: Any, launch: Launch,
             f"partition dimension (shape[0]) of {t.name!r} view {t.shape} is {t.shape[0]}", operand=operand,
             value=t.shape[0], limit=f"{launch.target.pmax} partitions (nl.tile_size.pmax)",
             hint="tile the partition dimension in chunks of at most 128")
+    if t.on_chip and t.shape[0] > 1 and t.strides[0] != t.storage.free:
+        raise NkiValidationError(
+            "err-partition-stride", instruction,
+            f"view {t.shape} of {t.name!r} steps {t.strides[0] // max(t.storage.free, 1)} partitions at a time: the "
+            "hardware does not allow P dimension striding", operand=operand, value=t.strides[0],
+            limit=f"consecutive partitions (partition stride {t.storage.free} elements)",
+            hint="slice the partition dimension with step 1 (t[0:64], not t[0:128:2])")
     return t
+
+
+def _check_op_target(instruction: str, name: str, launch: Launch, operand: str = "op") -> None:
+    if name in V4_ONLY and launch.target.nc_version < 4:
+        raise NkiValidationError("err-unsupported-operator", instruction, f"nl.{name} exists only on "
+                                 f"NeuronCore-v4 (trn3), not on {launch.target.name}", operand=operand, value=name,
+                                 limit="NeuronCore-v4 or newer",
+                                 hint="compare nl.abs of both inputs and select with nisa.tensor_copy_predicated")
 
 
 def _same_layout(instruction: str, a_name: str, a: NkiTensor, b_name: str, b: NkiTensor) -> None:
@@ -185,6 +214,11 @@ def _not_both_psum(instruction: str, names: tuple[str, str], a: NkiTensor, b: Nk
         raise NkiValidationError("err-unsupported-memory", instruction, f"{names[0]} and {names[1]} are both in "
                                  "PSUM; at most one input of this instruction may be", operand=names[1],
                                  hint="copy one of them to SBUF with nisa.tensor_copy")
+
+
+def _native(t: NkiTensor) -> torch.dtype:
+    """The dtype to compute a bit-exact move of `t` in: its storage dtype (int64 for integers)."""
+    return torch.int64 if _dtypes.is_int(t.dtype) and t.dtype != "bool" else _dtypes.torch_dtype(t.dtype)
 
 
 def _flat(t: NkiTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -267,15 +301,43 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority: Any = None, oob_mode: oob
     if src.size != dst.size:
         raise NkiValidationError("err-shape-mismatch", ins, f"src {src.shape} has {src.size} elements, dst "
                                  f"{dst.shape} has {dst.size}", operand="dst", value=dst.size, limit=src.size)
+    _check_dma_options(ins, launch, priority, dge_mode)
     if launch.compute:
-        values = read(src)
+        skip = oob_mode is not _OOB_ERROR
+        values = read(src, skip_oob=skip)
         if src.dtype != dst.dtype:
             values = values.to(torch.float32)  # the DMA casts through float32
-        write(dst, values.reshape(dst.shape), skip_oob=oob_mode is not _OOB_ERROR)
+        values = values.reshape(dst.shape)
+        if skip and src.gather is not None:
+            # AWS oob_mode.skip "silently skips any operations involving out-of-bounds indices": dst keeps its
+            # values where the gathered index is out of bounds
+            ok = in_bounds(resolve(src)).reshape(dst.shape)
+            if not bool(ok.all()):
+                values = torch.where(ok, values, read(dst).to(values.dtype))
+        write(dst, values, skip_oob=skip)
     return dst
 
 
+def _check_dma_options(ins: str, launch: Launch, priority: Any, dge: Any) -> None:
+    """AWS dma_copy/dma_transpose: hardware DGE only on NeuronCore-v3 or newer; ``priority`` (QoS level 0-3)
+    is NeuronCore-v4+ only."""
+    target = launch.target
+    if dge is _HWDGE and target.nc_version < 3:
+        raise NkiValidationError("err-unsupported-feature", ins, f"dge_mode=hwdge on {target.name}: hardware DGE "
+                                 "exists from NeuronCore-v3 (trn2)", operand="dge_mode", value="hwdge",
+                                 limit="NeuronCore-v3 or newer", hint="leave dge_mode unset (the compiler picks)")
+    if priority is not None:
+        if target.nc_version < 4:
+            raise NkiValidationError("err-unsupported-feature", ins, f"priority={priority!r} on {target.name}: DMA "
+                                     "priority levels are NeuronCore-v4+ only", operand="priority", value=priority,
+                                     limit="NeuronCore-v4 (trn3) or newer", hint="drop priority=")
+        if not isinstance(priority, int) or not 0 <= priority <= 3:
+            raise NkiValidationError("err-invalid-operand", ins, f"priority {priority!r}", operand="priority",
+                                     value=priority, limit="an int 0..3 (lower is higher priority)")
+
+
 _OOB_ERROR = oob_mode.error
+_HWDGE = dge_mode.hwdge
 
 
 def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Any = None, priority: Any = None,
@@ -295,6 +357,17 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Any = None, priority: An
     if src.dtype != dst.dtype:
         raise NkiValidationError("err-unsupported-dtype", ins, f"dst is {dst.dtype}, src {src.dtype}",
                                  operand="dst", limit="the same dtype")
+    _check_dma_options(ins, launch, priority, dge_mode)
+    if dge_mode is _HWDGE:
+        if _dtypes.itemsize(src.dtype) != 2:
+            raise NkiValidationError("err-unsupported-dtype", ins, f"a hardware-DGE transpose of {src.dtype} "
+                                     f"({_dtypes.itemsize(src.dtype)} bytes per element)", operand="src",
+                                     value=src.dtype, limit="a 2-byte dtype (bfloat16, float16, int16, uint16)",
+                                     hint="leave dge_mode unset, or transpose on the Tensor Engine (nc_transpose)")
+        _check_hwdge_transpose_shape(ins, src)
+    if src.gather is not None:
+        _check_gather_transpose(ins, src, launch, dge_mode)
+        src = column_major_gather(src)  # AWS: 2-D indices are read column-major, indices.T.flatten()
     out_shape = tuple(src.shape[p] for p in perm)
     if math.prod(out_shape) != dst.size:
         raise NkiValidationError("err-shape-mismatch", ins, f"dst {dst.shape} cannot hold the transpose "
@@ -302,6 +375,40 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Any = None, priority: An
     if launch.compute:
         write(dst, read(src).permute(perm).reshape(dst.shape))
     return dst
+
+
+def _check_hwdge_transpose_shape(ins: str, src: NkiTensor) -> None:
+    """AWS dma_transpose (hardware DGE): 2-D sources have src.shape[0] == 16; 3-D/4-D sources src.shape[0] in
+    {1, 2, 4, 8, 16} with src.shape[0] * src.shape[-2] a multiple of 16; src.shape[-1] <= 128."""
+    first = src.shape[0]
+    if src.ndim == 2 and first != 16:
+        raise NkiValidationError("err-unsupported-feature", ins, f"a hardware-DGE transpose of a 2-D source "
+                                 f"{src.shape}", operand="src", value=first, limit="src.shape[0] == 16",
+                                 hint="transpose 16-row blocks, or leave dge_mode unset")
+    if src.ndim > 2 and (first not in (1, 2, 4, 8, 16) or (first * src.shape[-2]) % 16):
+        raise NkiValidationError("err-unsupported-feature", ins, f"a hardware-DGE transpose of {src.shape}",
+                                 operand="src", value=src.shape, limit="src.shape[0] in {1, 2, 4, 8, 16} and "
+                                 "src.shape[0] * src.shape[-2] a multiple of 16")
+    if src.shape[-1] > 128:
+        raise NkiValidationError("err-unsupported-feature", ins, f"a hardware-DGE transpose of {src.shape}",
+                                 operand="src", value=src.shape[-1], limit="src.shape[-1] <= 128")
+
+
+def _check_gather_transpose(ins: str, src: NkiTensor, launch: Launch, dge: Any) -> None:
+    """AWS dma_transpose, indirect (gather) transpose: TRN2+ only, software DGE, a 2-byte src dtype."""
+    target = launch.target
+    if target.nc_version < 3:
+        raise NkiValidationError("err-unsupported-feature", ins, f"an indirect (vector_offset) transpose on "
+                                 f"{target.name}: the DMA gather-transpose is TRN2+ only", operand="src",
+                                 limit="NeuronCore-v3 (trn2) or newer",
+                                 hint="gather with nisa.dma_copy, then transpose with nisa.nc_transpose")
+    if dge is _HWDGE:
+        raise NkiValidationError("err-unsupported-feature", ins, "an indirect transpose with dge_mode=hwdge",
+                                 operand="dge_mode", value="hwdge", limit="unknown or swdge")
+    if _dtypes.itemsize(src.dtype) != 2:
+        raise NkiValidationError("err-unsupported-dtype", ins, f"an indirect transpose of {src.dtype} "
+                                 f"({_dtypes.itemsize(src.dtype)} bytes per element)", operand="src",
+                                 value=src.dtype, limit="a 2-byte dtype (bfloat16, float16, int16, uint16)")
 
 
 def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: engine = engine.unknown, name: str | None = None) -> Any:
@@ -392,10 +499,31 @@ def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Any, e
     if name_ == "power" and MemoryRegion.psum in (data1.buffer, data2.buffer, dst.buffer):
         raise NkiValidationError("err-unsupported-memory", ins, "nl.power runs on GpSimd, which cannot access PSUM",
                                  operand="op")
-    cdt = _check_arith_dtypes(ins, name_, ("data1", data1), ("data2", data2))
+    _check_op_target(ins, name_, launch)
+    if name_ in BITVEC:
+        cdt = _check_arith_dtypes(ins, name_, ("data1", data1), ("data2", data2))
+    else:
+        # AWS: float32 math, except that all-int32/uint32 operands default to GpSimd's exact integer arithmetic
+        # (not when engine=vector is asked for, nor when an operand is in PSUM, which GpSimd cannot reach)
+        int32_only = data1.dtype in _INT32 and data2.dtype in _INT32 and dst.dtype in _INT32
+        on_gpsimd = int32_only and engine is not _VECTOR and MemoryRegion.psum not in (data1.buffer, data2.buffer,
+                                                                                       dst.buffer)
+        cdt = torch.int64 if on_gpsimd and name_ not in ("divide", "power") else torch.float32
     if launch.compute:
-        write(dst, _binary(name_, _flat(data1, cdt), _flat(data2, cdt)).reshape(dst.shape))
+        a, b = _flat(data1, cdt), _flat(data2, cdt)
+        if name_ in BITVEC:
+            a, b = _bit_pattern(a, data1.dtype), _bit_pattern(b, data2.dtype)
+        write(dst, _binary(name_, a, b).reshape(dst.shape))
     return dst
+
+
+def _bit_pattern(values: Any, dtype: str) -> Any:
+    """Integers as the unsigned bit patterns of `dtype`'s width: AWS's bitvec operators "treat input elements as
+    bit patterns", and nl.right_shift is a logical shift (int32 -8 >> 1 is 0x7FFFFFFC; no arithmetic shift)."""
+    mask = (1 << (8 * _dtypes.itemsize(dtype))) - 1
+    if torch.is_tensor(values):
+        return values.to(torch.int64) & mask
+    return int(values) & mask
 
 
 def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any, reverse0: bool = False,
@@ -411,6 +539,30 @@ def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any, reve
     if op1 is None and operand1 is not None:
         raise NkiValidationError("err-invalid-operand", ins, "operand1 is given without op1", operand="operand1")
     n0, n1 = op_name(op0), (op_name(op1) if op1 is not None else None)
+    for operand, n in (("op0", n0), ("op1", n1)):
+        if n is not None:
+            _check_op_target(ins, n, launch, operand)
+    if n1 is not None and (n0 in BITVEC) != (n1 in BITVEC):
+        raise NkiValidationError("err-unsupported-operator", ins, f"op0 {n0} and op1 {n1} mix a bitvec and an "
+                                 "arithmetic operator", operand="op1", value=n1,
+                                 limit="both bitvec or both arithmetic",
+                                 hint="split it into two nisa.tensor_scalar instructions")
+    if n0 in BITVEC and engine not in (_VECTOR, _UNKNOWN):
+        raise NkiValidationError("err-unsupported-engine", ins, f"bitvec operator {n0} runs on the Vector Engine",
+                                 operand="engine", value=getattr(engine, "name", engine), limit="engine.vector")
+    if engine is _GPSIMD and n0 != "rsqrt":
+        raise NkiValidationError("err-unsupported-engine", ins, f"engine=gpsimd with op0={n0}", operand="engine",
+                                 value="gpsimd", limit="gpsimd only for nl.rsqrt; vector, scalar or unknown otherwise")
+    if n0 not in BITVEC:
+        for operand, value in (("operand0", operand0), ("operand1", operand1)):
+            if isinstance(value, _NkiTensor) and value.dtype != "float32":
+                raise NkiValidationError("err-unsupported-dtype", ins, f"{operand} {value.name!r} is {value.dtype}",
+                                         operand=operand, value=value.dtype, limit="float32 (arithmetic operators)")
+    if engine is _SCALAR and launch.target.nc_version == 3 and (n0, n1) not in _SCALAR_TS_COMBOS:
+        raise NkiValidationError("err-unsupported-operator", ins, f"the Scalar Engine on trn2 does not run op0={n0}, "
+                                 f"op1={n1}", operand="op0", value=(n0, n1),
+                                 limit="multiply then add, multiply alone, or add alone",
+                                 hint="use engine=nisa.engine.vector (or leave engine unset)")
     tiles = [("data", data)] + [(n, t) for n, t in (("operand0", operand0), ("operand1", operand1))
                                 if isinstance(t, _NkiTensor)]
     if n0 in BITVEC or n1 in BITVEC:
@@ -422,11 +574,20 @@ def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any, reve
     v1 = _vector_operand(ins, "operand1", operand1, p, launch, cdt)
     if launch.compute:
         x = _flat(data, cdt)
+        if n0 in BITVEC:
+            x, v0, v1 = (_bit_pattern(x, data.dtype), *(
+                None if v is None else _bit_pattern(v, o.dtype if isinstance(o, _NkiTensor) else data.dtype)
+                for v, o in ((v0, operand0), (v1, operand1))))
         x = _apply(n0, x, v0, reverse0)
         if n1 is not None:
             x = _apply(n1, x, v1, reverse1)
         write(dst, x.reshape(dst.shape))
     return dst
+
+
+_INT32 = ("int32", "uint32")
+_PARTITION_REDUCE = {"add", "average", "mean", "maximum", "bitwise_or", "bitwise_and"}
+_SCALAR_TS_COMBOS = {("multiply", "add"), ("multiply", None), ("add", None)}  # AWS: trn2 Scalar Engine tensor_scalar
 
 
 def _apply(name: str, x: torch.Tensor, operand: Any, reverse: bool) -> torch.Tensor:
@@ -447,6 +608,8 @@ def activation(dst: NkiTensor, op: Any, data: NkiTensor, bias: Any = None, scale
     instruction's row sums (as ``reset_reduce``); the other commands drive the engine's accumulators as documented.
     """
     ins = "nisa.activation"
+    if name is _AS_ACTIVATION_REDUCE:  # called by activation_reduce, whose rules differ (reduce_op)
+        ins, name = "nisa.activation_reduce", None
     launch = _begin(ins)
     _ensure_dst(ins, dst)
     _tile(ins, "data", data, launch)
@@ -457,13 +620,27 @@ def activation(dst: NkiTensor, op: Any, data: NkiTensor, bias: Any = None, scale
         raise NkiValidationError("err-activation-bias-invalid-type", ins, "NeuronCore-v2 takes the bias as a "
                                  f"({p}, 1) vector, not a scalar", operand="bias", value=bias,
                                  limit=f"a ({p}, 1) tile")
+    if isinstance(scale, _NkiTensor) and scale.dtype != "float32":
+        raise NkiValidationError("err-unsupported-dtype", ins, f"scale {scale.name!r} is {scale.dtype}",
+                                 operand="scale", value=scale.dtype, limit="float32")
+    if isinstance(bias, _NkiTensor) and bias.dtype == "tfloat32":
+        raise NkiValidationError("err-unsupported-dtype", ins, f"bias {bias.name!r} is tfloat32", operand="bias",
+                                 value="tfloat32", limit="any dtype but tfloat32")
     b = _vector_operand(ins, "bias", bias, p, launch)
     s = _vector_operand(ins, "scale", scale, p, launch)
     fn = op_name(op)
+    if fn == "reciprocal" and bias is not None and launch.target.nc_version == 2:
+        # AWS nki.api.shared (engine selection): activation(op=nl.reciprocal) does not support bias on v2
+        raise NkiValidationError("err-activation-bias-invalid-type", ins, "nl.reciprocal on the Scalar Engine takes "
+                                 "no bias on NeuronCore-v2", operand="bias", limit="no bias on trn1",
+                                 hint="add the bias with nisa.tensor_scalar first, or use nisa.reciprocal")
     red = op_name(reduce_op) if reduce_op is not None else None
-    if red is not None and red != "add":
+    allowed = _activation_reduce_ops(ins, launch)
+    if red is not None and red not in allowed:
         raise NkiValidationError("err-unsupported-operator", ins, f"reduce_op {red}", operand="reduce_op",
-                                 limit="nl.add")
+                                 value=red, limit=" or ".join(f"nl.{r}" for r in sorted(allowed)) +
+                                 f" ({'nisa.activation' if ins == 'nisa.activation' else ins} on "
+                                 f"{launch.target.name})")
     if reduce_res is not None:
         _tile(ins, "reduce_res", reduce_res, launch)
         if reduce_res.shape[0] != p or reduce_res.free_size != 1:
@@ -476,22 +653,70 @@ def activation(dst: NkiTensor, op: Any, data: NkiTensor, bias: Any = None, scale
         x = x * s
     if b is not None:
         x = x + b
-    out = _unary(fn, x)
+    if fn in _VALID_RANGE:
+        _warn_out_of_range(ins, fn, x, launch)
+    out = _scalar_sin(x) if fn == "sin" else _unary(fn, x)
     write(dst, out.reshape(dst.shape))
-    cmd = reduce_cmd
-    if red is not None and reduce_res is not None and cmd is _IDLE:
-        cmd = _RESET_REDUCE
-    if cmd is not _IDLE or reduce_res is not None:
+    # AWS activation pseudo-code: reset/reset_reduce zero reduce_regs, reduce/reset_reduce fold this output into
+    # them, idle leaves them alone; reduce_res (when given) reads reduce_regs out, whatever the command
+    if reduce_cmd is not _IDLE or reduce_res is not None:
         regs = _regs(launch)
-        if cmd in (_RESET, _RESET_REDUCE):
-            regs[:p] = 0.0
-        if cmd in (_REDUCE, _RESET_REDUCE) and red is not None:
-            regs[:p] += out.sum(dim=1)
+        if reduce_cmd in (_RESET, _RESET_REDUCE):
+            regs[:p] = _REDUCE_IDENTITY[red] if red else 0.0  # 0 for add (AWS: reduce_regs = 0)
+        if reduce_cmd in (_REDUCE, _RESET_REDUCE) and red is not None:
+            regs[:p] = REDUCE[red](torch.cat([regs[:p, None], out], dim=1))
         if reduce_res is not None:
             write(reduce_res, regs[:p].reshape(reduce_res.shape))
     return dst
 
 
+def _activation_reduce_ops(ins: str, launch: Launch) -> set[str]:
+    """nisa.activation: "reduce_op must be nl.add". nisa.activation_reduce, the more specific text for its own
+    reduce_op: "On NeuronCore-v2, the reduce_op must be nl.add", so from v3 it takes the arithmetic reductions of
+    the ALU table that the Scalar Engine's accumulators fold (add, multiply, maximum, minimum)."""
+    if ins == "nisa.activation_reduce" and launch.target.nc_version >= 3:
+        return {"add", "multiply", "maximum", "minimum"}
+    return {"add"}
+
+
+# AWS nki.api.shared tbl-act-func, "Valid Input Range" of the Scalar Engine's activation functions narrower than
+# [-inf, inf] (reciprocal: the magnitude); outside it the hardware "will generate invalid output results"
+_VALID_RANGE = {"log": (2.0 ** -64, 2.0 ** 64, False), "sqrt": (2.0 ** -116, 2.0 ** 118, False),
+                "rsqrt": (2.0 ** -87, 2.0 ** 97, False), "reciprocal": (2.0 ** -42, 2.0 ** 42, True),
+                "arctan": (-math.pi / 2, math.pi / 2, False)}
+
+
+def _warn_out_of_range(ins: str, fn: str, x: torch.Tensor, launch: Launch) -> None:
+    """Warn (once per launch and function) when inputs leave AWS's valid input range: the instance's result there
+    is invalid, the interpreter's is torch's exact value, so the two differ silently otherwise."""
+    key = f"activation-input-range:{fn}"  # listed in the launch report's warnings
+    if key in launch.ledger.warned:
+        return
+    lo, hi, magnitude = _VALID_RANGE[fn]
+    v = x.abs() if magnitude else x
+    bad = (v < lo) | (v > hi)
+    if not bool(bad.any()):
+        return
+    launch.ledger.warned.add(key)
+    first = float(x[bad][0])
+    filename, lineno, _ = _errors.kernel_location()
+    span = f"+-[{lo:g}, {hi:g}]" if magnitude else f"[{lo:g}, {hi:g}]"
+    warnings.warn_explicit(f"{ins}(op=nl.{fn}): input {first:g} is outside the Scalar Engine's valid input range "
+                           f"{span} (AWS nki.api.shared); the instance gives invalid results there, this "
+                           "interpreter the exact function", NkiRangeWarning, filename, lineno)
+
+
+def _scalar_sin(x: torch.Tensor) -> torch.Tensor:
+    """The Scalar Engine's sin: AWS nki.api.shared says it does no range reduction and extrapolates a cubic
+    outside [-PI, PI] (``sin(9.0)`` returns ~27.65, which nki.simulate reproduces). The cubic here is sin's
+    Taylor cubic at +-PI, -(x - PI) + (x - PI)**3 / 6 (odd), which gives 27.65 at 9.0; inside [-PI, PI] torch.sin.
+    nl.sin range-reduces first and is accurate everywhere."""
+    d = x - torch.sign(x) * math.pi
+    cubic = -d + d * d * d / 6.0
+    return torch.where(x.abs() > math.pi, cubic, torch.sin(x))
+
+
+_AS_ACTIVATION_REDUCE: Any = object()
 _IDLE, _RESET, _REDUCE, _RESET_REDUCE = reduce_cmd.idle, reduce_cmd.reset, reduce_cmd.reduce, reduce_cmd.reset_reduce
 
 
@@ -503,9 +728,10 @@ def _regs(launch: Launch) -> torch.Tensor:
 
 def activation_reduce(dst: NkiTensor, op: Any, data: NkiTensor, reduce_op: Any, reduce_res: NkiTensor,
                       bias: Any = None, scale: Any = 1.0, name: str | None = None) -> Any:
-    """``activation`` whose ``reduce_res`` gets the row sums of this instruction's output."""
+    """``activation`` with ``reduce_cmd=reset_reduce``: ``reduce_res`` gets the reduction of this instruction's
+    output (nl.add on trn1; add, multiply, maximum or minimum from trn2, see _activation_reduce_ops)."""
     return activation(dst, op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res,
-                      reduce_cmd=reduce_cmd.reset_reduce)
+                      reduce_cmd=reduce_cmd.reset_reduce, name=_AS_ACTIVATION_REDUCE)
 
 
 def reciprocal(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> Any:
@@ -551,7 +777,13 @@ def tensor_reduce(dst: NkiTensor, op: Any, data: NkiTensor, axis: Any, negate: b
     if name_ not in REDUCE:
         raise NkiValidationError("err-unsupported-operator", ins, f"reduction operator {name_}", operand="op",
                                  limit=", ".join(sorted(REDUCE)))
+    if negate and name_ in BITVEC:
+        raise NkiValidationError("err-unsupported-operator", ins, f"negate=True with bitvec operator {name_}",
+                                 operand="negate", value=True, limit="negate only with an arithmetic operator",
+                                 hint="negate with nisa.tensor_scalar(op0=nl.multiply, operand0=-1) after")
     cdt = _check_arith_dtypes(ins, name_, ("data", data))
+    if name_ not in BITVEC:
+        cdt = torch.float32  # AWS: arithmetic reductions cast to float32 and reduce in float32 math
     if launch.compute:
         x = read(data).to(cdt).flatten(axes[0])
         out = REDUCE[name_](x)
@@ -572,10 +804,14 @@ def tensor_partition_reduce(dst: NkiTensor, op: Any, data: NkiTensor, name: str 
         raise NkiValidationError("err-shape-mismatch", ins, f"dst {dst.shape} for data {data.shape}",
                                  operand="dst", limit=f"{data.free_size} elements per partition")
     name_ = op_name(op)
-    if name_ not in REDUCE:
-        raise NkiValidationError("err-unsupported-operator", ins, f"reduction operator {name_}", operand="op")
+    if name_ not in _PARTITION_REDUCE:  # AWS tensor_partition_reduce: add, average, max, bitwise_or, bitwise_and
+        raise NkiValidationError("err-unsupported-operator", ins, f"reduction operator {name_}", operand="op",
+                                 value=name_, limit="nl.add, nl.average, nl.max, nl.bitwise_or or nl.bitwise_and")
+    cdt = torch.int64 if name_ in BITVEC else torch.float32
+    if name_ in BITVEC:
+        _check_arith_dtypes(ins, name_, ("data", data))
     if launch.compute:
-        out = REDUCE[name_](_flat(data).T)
+        out = REDUCE[name_](_flat(data, cdt).T)
         write(dst, out.reshape(dst.shape))
     return dst
 
@@ -620,6 +856,14 @@ def tensor_copy_predicated(dst: NkiTensor, src: Any, predicate: NkiTensor, rever
     _tile(ins, "dst", dst, launch)
     _tile(ins, "predicate", predicate, launch)
     _same_layout(ins, "dst", dst, "predicate", predicate)
+    if predicate.dtype not in ("uint8", "uint16", "uint32"):
+        raise NkiValidationError("err-unsupported-dtype", ins, f"predicate {predicate.name!r} is {predicate.dtype}",
+                                 operand="predicate", value=predicate.dtype, limit="uint8, uint16 or uint32",
+                                 hint="compute the mask into a uint8 tile (a comparison with dst=uint8)")
+    if isinstance(src, _NkiTensor) and src.dtype != dst.dtype:
+        raise NkiValidationError("err-unsupported-dtype", ins, f"src is {src.dtype}, dst {dst.dtype}",
+                                 operand="src", value=src.dtype, limit=f"the dtype of dst ({dst.dtype})",
+                                 hint="cast with nisa.tensor_copy first")
     if isinstance(src, _NkiTensor):
         _tile(ins, "src", src, launch)
         _same_layout(ins, "dst", dst, "src", src)
@@ -628,8 +872,9 @@ def tensor_copy_predicated(dst: NkiTensor, src: Any, predicate: NkiTensor, rever
         mask = _flat(predicate) != 0
         if reverse_pred:
             mask = ~mask
-        new = _flat(src) if isinstance(src, _NkiTensor) else torch.full(mask.shape, float(src))
-        write(dst, torch.where(mask, new, _flat(dst)).reshape(dst.shape))
+        native = _native(dst)  # src and dst share a dtype: the copy is bit-exact, integers included
+        new = _flat(src, native) if isinstance(src, _NkiTensor) else torch.tensor(src).to(native).expand(mask.shape)
+        write(dst, torch.where(mask, new, _flat(dst, native)).reshape(dst.shape))
     return dst
 
 
@@ -674,7 +919,9 @@ def affine_select(dst: NkiTensor, pattern: Any, channel_multiplier: int, on_true
     cmp = op_name(cmp_op) if cmp_op is not None else "equal"
     if launch.compute:
         mask = _binary(cmp, values.to(torch.float32), 0.0) != 0
-        out = torch.where(mask, _flat(on_true_tile), torch.tensor(float(on_false_value)))
+        # AWS: on_true_tile goes through float32 only when its dtype differs from dst's
+        cdt = _native(dst) if on_true_tile.dtype == dst.dtype else torch.float32
+        out = torch.where(mask, _flat(on_true_tile, cdt), torch.tensor(float(on_false_value)).to(cdt))
         write(dst, out.reshape(dst.shape))
     return dst
 
@@ -705,9 +952,12 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
                                  limit="psum", hint="allocate dst with buffer=nl.psum, then nisa.tensor_copy it "
                                  "to SBUF")
     _tile(ins, "dst", dst, launch, (MemoryRegion.psum,))
+    double_row = _perf_mode_name(perf_mode) == "double_row"
     k, m, n = stationary.shape[0], stationary.free_size, moving.free_size
-    rows = int(tile_size[0]) if tile_size else target.pmax
-    cols = int(tile_size[1]) if tile_size else target.gemm_stationary_fmax
+    if double_row:
+        _check_double_row(ins, stationary, moving, launch, tile_size)
+        m, n = m // 2, n // 2  # the first free dimension (2) is the second half of the contraction
+    rows, cols = _check_tiling(ins, tile_position, tile_size, launch)
     if moving.shape[0] != k:
         raise NkiValidationError("err-matmul-partition-mismatch", ins, f"stationary has {k} partitions, moving "
                                  f"{moving.shape[0]}: the contraction runs over the partition dimension of both",
@@ -721,13 +971,14 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
             operand="stationary", value=m, limit=f"{cols} (nl.tile_size.gemm_stationary_fmax)",
             hint="tile the stationary free dimension (the output's partition dimension) in chunks of 128")
     moving_max = target.gemm_moving_fmax
+    what = "nl.tile_size.gemm_moving_fmax, one PSUM bank of float32"
     if target.nc_version >= 4:
         moving_max = 4096 if dst.dtype == "float32" else 8192
+        what = f"8 PSUM banks of {dst.dtype} on {target.name}"
     if n > moving_max:
         raise NkiValidationError(
             "err-matmul-moving-fmax", ins, f"free size of {moving.name!r} {moving.shape} is {n}", operand="moving",
-            value=n, limit=f"{moving_max} (nl.tile_size.gemm_moving_fmax, one PSUM bank of float32)",
-            hint="tile the moving free dimension in chunks of 512")
+            value=n, limit=f"{moving_max} ({what})", hint=f"tile the moving free dimension in chunks of {moving_max}")
     if dst.shape[0] != m or dst.free_size != n:
         raise NkiValidationError("err-shape-mismatch", ins, f"dst {dst.shape} for stationary {stationary.shape} and "
                                  f"moving {moving.shape}", operand="dst", value=dst.shape,
@@ -737,6 +988,10 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
         if t.dtype not in allowed:
             raise NkiValidationError("err-unsupported-dtype", ins, f"{t.name!r} is {t.dtype}", operand=operand,
                                      value=t.dtype, limit=", ".join(sorted(allowed)))
+    if {stationary.dtype, moving.dtype} == {"float8_e4m3", "float8_e4m3fn"}:
+        raise NkiValidationError("err-unsupported-dtype", ins, f"stationary is {stationary.dtype}, moving "
+                                 f"{moving.dtype}: legacy float8_e4m3 and OCP float8_e4m3fn cannot be mixed in "
+                                 "one matmul", operand="moving", value=moving.dtype, limit=stationary.dtype)
     wide = {"float32", "tfloat32"}
     if (stationary.dtype in wide) != (moving.dtype in wide):
         raise NkiValidationError("err-unsupported-dtype", ins, f"stationary is {stationary.dtype}, moving "
@@ -751,30 +1006,97 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
                                  hint="allocate the PSUM tile as nl.float32 and cast when copying it out")
     if not launch.compute:
         return dst
-    s = _flat(stationary)
-    mv = _flat(moving)
-    if is_transpose:
-        result = s.T.contiguous() if mv.shape[0] == mv.shape[1] else s.T @ mv
+    dst = resolve(dst)
+    s = read(stationary).reshape(-1, m).to(torch.float32)  # double_row: (2k, m), contraction over (p, row)
+    mv = read(moving).reshape(-1, n).to(torch.float32)
+    if is_transpose and target.nc_version >= 3 and _is_identity(mv):
+        result = s.T.contiguous()  # v3+ transpose mode: bit-accurate, NaN and Inf pass through
     else:
-        result = s.T @ mv
+        result = s.T @ mv  # v2 only labels the instruction; any other moving operand multiplies
     st = dst.storage
     acc = st.acc.as_strided(dst.shape, dst.strides, dst.offset)  # type: ignore[union-attr]
     flags = acc.reshape(m, n)
-    if accumulate is True and not bool(flags.all()):
+    whole = covers(dst)
+    all_set = (whole and st.acc_full) or bool(flags.all())
+    if accumulate is True and not all_set:
         raise NkiValidationError("err-psum-accumulate-uninitialized", ins, f"accumulate=True into PSUM {dst.name!r} "
                                  "that no matmul has written since it was allocated or overwritten",
                                  operand="accumulate", hint="start the group with accumulate=False (or leave "
                                  "accumulate=None: first write overwrites, later ones accumulate)")
-    if accumulate is False:
-        new = result
+    prepare_write(dst)
+    target_view = st.data.as_strided(dst.shape, dst.strides, dst.offset)  # type: ignore[union-attr]
+    every = accumulate is True or (accumulate is None and all_set)
+    if every and dst.dtype == "float32":
+        target_view.add_(result.reshape(dst.shape))  # the whole group accumulates: one in-place float32 add
     else:
-        old = _flat(dst)
-        new = torch.where(flags, old + result, result)
-    st.data.as_strided(dst.shape, dst.strides, dst.offset).copy_(  # type: ignore[union-attr]
-        _dtypes.round_to(new.reshape(dst.shape), dst.dtype))
-    acc.fill_(True)
+        if accumulate is False or (not every and not bool(flags.any())):
+            new = result
+        elif every:
+            new = _flat(dst) + result
+        else:
+            new = torch.where(flags, _flat(dst) + result, result)
+        target_view.copy_(_dtypes.round_to(new.reshape(dst.shape), dst.dtype))
+    if not (whole and st.acc_full):
+        acc.fill_(True)
+    st.acc_full = st.acc_full or whole
     st.written = True
     return dst
+
+
+def _perf_mode_name(perf_mode: Any) -> str:
+    if perf_mode is None:
+        return "none"
+    return str(getattr(perf_mode, "value", perf_mode))
+
+
+def _check_double_row(ins: str, stationary: NkiTensor, moving: NkiTensor, launch: Launch, tile_size: Any) -> None:
+    """AWS nc_matmul: FP8 double-row mode from NeuronCore-v3, operands [K, 2, ...], no column tiling."""
+    target = launch.target
+    if target.nc_version < 3:
+        raise NkiValidationError("err-unsupported-feature", ins, f"perf_mode=double_row on {target.name}: "
+                                 "NeuronCore-v2 has no performance mode", operand="perf_mode", value="double_row",
+                                 limit="NeuronCore-v3 or newer")
+    fp8 = {"float8_e4m3", "float8_e5m2"} | ({"float8_e4m3fn"} if target.nc_version >= 4 else set())
+    for operand, t in (("stationary", stationary), ("moving", moving)):
+        if t.dtype not in fp8:
+            raise NkiValidationError("err-unsupported-dtype", ins, f"perf_mode=double_row with {operand} "
+                                     f"{t.dtype}", operand=operand, value=t.dtype, limit=", ".join(sorted(fp8)),
+                                     hint="double_row is the FP8 double-performance mode")
+        if t.ndim < 3 or t.shape[1] != 2:
+            raise NkiValidationError("err-shape-mismatch", ins, f"perf_mode=double_row needs {operand} as "
+                                     f"[K, 2, ...], got {t.shape}", operand=operand, value=t.shape,
+                                     limit="first free dimension of size 2")
+    if tile_size and int(tile_size[1]) != 128:
+        raise NkiValidationError("err-unsupported-feature", ins, "perf_mode=double_row with column tiling",
+                                 operand="tile_size", value=tuple(tile_size), limit="column_size 128")
+
+
+def _check_tiling(ins: str, tile_position: Any, tile_size: Any, launch: Launch) -> tuple[int, int]:
+    """AWS nc_matmul tiling mode: rows/columns of 128, 64 (v2+) or 32 (v3+); positions multiples of the size."""
+    target = launch.target
+    if not tile_size:
+        if tile_position and any(int(v) for v in tile_position):
+            raise NkiValidationError("err-unsupported-feature", ins, f"tile_position {tuple(tile_position)} without "
+                                     "tile_size", operand="tile_size", hint="set both to enable tiling mode")
+        return target.pmax, target.gemm_stationary_fmax
+    sizes = (64, 128) if target.nc_version == 2 else (32, 64, 128)
+    row_size, col_size = int(tile_size[0]), int(tile_size[1])
+    for what, value in (("row_size", row_size), ("column_size", col_size)):
+        if value not in sizes:
+            raise NkiValidationError("err-unsupported-feature", ins, f"tile_size {what} {value} on {target.name}",
+                                     operand="tile_size", value=value, limit=" or ".join(map(str, sizes)) +
+                                     (" (NeuronCore-v2 has 2 x 64 row tiles)" if target.nc_version == 2 else ""))
+    position = tuple(int(v) for v in tile_position) if tile_position else (0, 0)
+    for what, start, size in (("start_row", position[0], row_size), ("start_column", position[1], col_size)):
+        if start % size or not 0 <= start < 128:
+            raise NkiValidationError("err-unsupported-feature", ins, f"tile_position {what} {start} for a "
+                                     f"{what.split('_')[1]} size of {size}", operand="tile_position", value=start,
+                                     limit=f"a multiple of {size} below 128")
+    return row_size, col_size
+
+
+def _is_identity(values: torch.Tensor) -> bool:
+    return values.shape[0] == values.shape[1] and bool(torch.equal(values, torch.eye(values.shape[0])))
 
 
 def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: engine = engine.unknown, name: str | None = None) -> Any:
@@ -807,9 +1129,320 @@ def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: engine = engine.unknow
         raise NkiValidationError("err-unsupported-dtype", ins, f"dst is {dst.dtype}, data {data.dtype}",
                                  operand="dst", value=dst.dtype, limit=data.dtype)
     if launch.compute:
-        write(dst, read(data).reshape(p, f).T.reshape(dst.shape))
+        values = read(data).reshape(p, f)
+        if use_tensor and launch.target.nc_version == 2 and values.is_floating_point() and \
+                not bool(torch.isfinite(values).all()):
+            # AWS: on NeuronCore-v2 the Tensor Engine transposes by a matmul with the identity, not bit-accurate
+            # with NaN/Inf (they spread along the output row); from v3 every transpose is bit-accurate
+            values = (values.to(torch.float32).T @ torch.eye(p)).T
+        write(dst, values.T.reshape(dst.shape))
     return dst
 
 
 def new_tile(shape: Any, dtype: Any, buffer: MemoryRegion = MemoryRegion.sbuf) -> NkiTensor:
     return allocate(shape, dtype, buffer)
+
+
+def scalar_tensor_tensor(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any, op1: Any, operand1: NkiTensor,
+                         reverse0: bool = False, reverse1: bool = False, name: str | None = None) -> Any:
+    """``dst = (data op0 operand0) op1 operand1`` on the Vector Engine, float32 math, arithmetic operators only."""
+    ins = "nisa.scalar_tensor_tensor"
+    launch = _begin(ins)
+    _ensure_dst(ins, dst)
+    for operand, t in (("data", data), ("operand1", operand1), ("dst", dst)):
+        _tile(ins, operand, t, launch)
+    _same_layout(ins, "data", data, "operand1", operand1)
+    _same_layout(ins, "data", data, "dst", dst)
+    _not_both_psum(ins, ("data", "operand1"), data, operand1)
+    n0, n1 = op_name(op0), op_name(op1)
+    for operand, n in (("op0", n0), ("op1", n1)):
+        _check_op_target(ins, n, launch, operand)
+        if n in BITVEC or n not in BINARY:
+            raise NkiValidationError("err-unsupported-operator", ins, f"{n} is not an arithmetic binary operator",
+                                     operand=operand, value=n, limit="arithmetic ALU operators (no bitvec)")
+    v0 = _vector_operand(ins, "operand0", operand0, data.shape[0], launch)
+    if launch.compute:
+        x = _apply(n0, _flat(data), v0, reverse0)
+        x = _apply(n1, x, _flat(operand1), reverse1)
+        write(dst, x.reshape(dst.shape))
+    return dst
+
+
+_REDUCE_IDENTITY = {"add": 0.0, "multiply": 1.0, "maximum": -math.inf, "minimum": math.inf}
+
+
+def tensor_scalar_reduce(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any, reduce_op: Any,
+                         reduce_res: NkiTensor | None = None, reverse0: bool = False,
+                         reduce_cmd: reduce_cmd = reduce_cmd.reset_reduce, reduce_init: Any = None,
+                         reduce_res_negate: bool = False, name: str | None = None) -> Any:
+    """``dst = data op0 operand0`` and its reduction over every free axis into the Vector Engine's accumulators."""
+    ins = "nisa.tensor_scalar_reduce"
+    launch = _begin(ins)
+    _ensure_dst(ins, dst)
+    _tile(ins, "data", data, launch)
+    _tile(ins, "dst", dst, launch)
+    _same_layout(ins, "data", data, "dst", dst)
+    n0, red = op_name(op0), op_name(reduce_op)
+    _check_op_target(ins, n0, launch, "op0")
+    if n0 in BITVEC:
+        raise NkiValidationError("err-unsupported-operator", ins, f"bitvec operator {n0}", operand="op0", value=n0,
+                                 limit="an arithmetic operator")
+    if red not in _REDUCE_IDENTITY:
+        raise NkiValidationError("err-unsupported-operator", ins, f"reduce_op {red}", operand="reduce_op", value=red,
+                                 limit="nl.add, nl.multiply, nl.max or nl.min")
+    if reverse0:
+        raise NkiValidationError("err-unsupported-feature", ins, "reverse0 is documented as not supported yet",
+                                 operand="reverse0", value=True, limit="False")
+    if reduce_cmd not in (_RESET_REDUCE, _REDUCE, _LOAD_REDUCE):
+        raise NkiValidationError("err-unsupported-feature", ins, f"reduce_cmd {reduce_cmd}", operand="reduce_cmd",
+                                 limit="reset_reduce, reduce or load_reduce")
+    if (reduce_init is not None) != (reduce_cmd is _LOAD_REDUCE):
+        raise NkiValidationError("err-invalid-operand", ins, "reduce_init goes with reduce_cmd=load_reduce, and only "
+                                 "with it", operand="reduce_init")
+    p = data.shape[0]
+    v0 = _vector_operand(ins, "operand0", operand0, p, launch)
+    init = _vector_operand(ins, "reduce_init", reduce_init, p, launch)
+    if reduce_res is not None:
+        _tile(ins, "reduce_res", reduce_res, launch)
+        if reduce_res.shape[0] != p or reduce_res.free_size != 1:
+            raise NkiValidationError("err-shape-mismatch", ins, f"reduce_res {reduce_res.shape}", operand="reduce_res",
+                                     value=reduce_res.shape, limit=f"({p}, 1)")
+    if not launch.compute:
+        return dst
+    x = _apply(n0, _flat(data), v0, False)
+    write(dst, x.reshape(dst.shape))
+    if launch.vector_regs is None:
+        launch.vector_regs = torch.full((launch.target.pmax,), float("nan"))
+    regs = launch.vector_regs
+    if reduce_cmd is _RESET_REDUCE:
+        regs[:p] = _REDUCE_IDENTITY[red]
+    elif reduce_cmd is _LOAD_REDUCE:
+        regs[:p] = init.reshape(p) if torch.is_tensor(init) else float(init)  # type: ignore[arg-type]
+    regs[:p] = REDUCE[red](torch.cat([regs[:p, None], x], dim=1))
+    if reduce_res is not None:
+        write(reduce_res, (-regs[:p] if reduce_res_negate else regs[:p]).reshape(reduce_res.shape))
+    return dst
+
+
+_LOAD_REDUCE = reduce_cmd.load_reduce
+
+
+def nonzero_with_count(dst: NkiTensor, src: NkiTensor, index_offset: int = 0, padding_val: int = -1,
+                       name: str | None = None) -> Any:
+    """Per GpSimd core (partitions 0, 16, ..., 112 only): the indices of src's non-zero elements plus
+    `index_offset`, then `padding_val`, then the count, into int32 `dst` (one element wider than src)."""
+    ins = "nisa.nonzero_with_count"
+    launch = _begin(ins)
+    _ensure_dst(ins, dst)
+    if launch.target.nc_version < 3:
+        raise NkiValidationError("err-unsupported-feature", ins, f"not on {launch.target.name}", operand="dst",
+                                 limit="NeuronCore-v3 or newer")
+    _tile(ins, "src", src, launch, (MemoryRegion.sbuf,))
+    _tile(ins, "dst", dst, launch, (MemoryRegion.sbuf,))
+    if src.dtype not in ("float32", "int32"):
+        raise NkiValidationError("err-unsupported-dtype", ins, f"src is {src.dtype}", operand="src", value=src.dtype,
+                                 limit="float32 or int32")
+    if dst.dtype != "int32":
+        raise NkiValidationError("err-unsupported-dtype", ins, f"dst is {dst.dtype}", operand="dst", value=dst.dtype,
+                                 limit="int32")
+    if dst.shape[0] != src.shape[0] or dst.free_size != src.free_size + 1:
+        raise NkiValidationError("err-shape-mismatch", ins, f"dst {dst.shape} for src {src.shape}", operand="dst",
+                                 value=dst.shape, limit=f"{src.shape[0]} partitions x {src.free_size + 1} elements")
+    if launch.compute:
+        values = _flat(src, _native(src))
+        out = _flat(dst, torch.int64)
+        n = src.free_size
+        for p in range(0, src.shape[0], 16):  # each of the 8 GpSimd cores reads and writes its first partition
+            found = torch.nonzero(values[p] != 0).reshape(-1) + int(index_offset)
+            row = torch.full((n + 1,), int(padding_val), dtype=torch.int64)
+            row[:found.numel()] = found
+            row[n] = found.numel()
+            out[p] = row
+        write(dst, out.reshape(dst.shape))
+    return dst
+
+
+class dma_engine(enum.Enum):  # noqa: N801 - the NKI API's name
+    """DMA transfer engines (accepted as ``engine=`` of the DMA instructions; one queue here)."""
+
+    dma = 1
+    gpsimd_dma = 2
+
+
+_ACTIVATE2_STAGES = {("multiply", "add"), ("multiply", "subtract"), ("multiply", "bypass"), ("add", "bypass"),
+                     ("subtract", "bypass"), ("bypass", "bypass")}
+_ACTIVATE2_REDUCE = {"add": 0.0, "maximum": -math.inf, "minimum": math.inf, "abs_max": 0.0, "abs_min": math.inf}
+
+
+def activate2(dst: NkiTensor, op: Any, data: NkiTensor, imm0: Any, imm1: Any, op0: Any, op1: Any,
+              relu_param: Any = 0.0, reverse0: bool = False, reverse1: bool = False, reduce_op: Any = None,
+              reduce_res: NkiTensor | None = None, reduce_cmd: reduce_cmd = reduce_cmd.idle,
+              name: str | None = None) -> Any:
+    """trn3's Scalar Engine pipeline: ``op((data op0 imm0) op1 imm1)``, then an optional reduction into the
+    engine's accumulators (shared with ``activation``), float32 math."""
+    ins = "nisa.activate2"
+    launch = _begin(ins)
+    _ensure_dst(ins, dst)
+    if launch.target.nc_version < 4:
+        raise NkiValidationError("err-unsupported-feature", ins, f"not on {launch.target.name}", operand="op",
+                                 limit="NeuronCore-v4 (trn3) or newer", hint="use nisa.activation")
+    _tile(ins, "data", data, launch)
+    _tile(ins, "dst", dst, launch)
+    _same_layout(ins, "data", data, "dst", dst)
+    n0, n1 = op_name(op0), op_name(op1)
+    if (n0, n1) not in _ACTIVATE2_STAGES:
+        raise NkiValidationError("err-unsupported-operator", ins, f"op0={n0}, op1={n1}", operand="op0",
+                                 value=(n0, n1), limit="multiply+add, multiply+subtract, multiply, add, subtract "
+                                 "or bypass+bypass")
+    if (reverse0 and n0 == "bypass") or (reverse1 and n1 == "bypass"):
+        raise NkiValidationError("err-invalid-operand", ins, "a reverse flag for a bypassed operator",
+                                 operand="reverse0" if reverse0 and n0 == "bypass" else "reverse1")
+    red = op_name(reduce_op) if reduce_op is not None else None
+    if red is not None and red not in _ACTIVATE2_REDUCE:
+        raise NkiValidationError("err-unsupported-operator", ins, f"reduce_op {red}", operand="reduce_op", value=red,
+                                 limit="nl.add, nl.maximum, nl.minimum, nl.abs_max or nl.abs_min")
+    p = data.shape[0]
+    v0 = _vector_operand(ins, "imm0", imm0, p, launch)
+    v1 = _vector_operand(ins, "imm1", imm1, p, launch)
+    alpha = _vector_operand(ins, "relu_param", relu_param, p, launch)
+    if reduce_res is not None:
+        _tile(ins, "reduce_res", reduce_res, launch)
+        if reduce_res.shape[0] != p or reduce_res.free_size != 1:
+            raise NkiValidationError("err-shape-mismatch", ins, f"reduce_res {reduce_res.shape}", operand="reduce_res",
+                                     value=reduce_res.shape, limit=f"({p}, 1)")
+    if not launch.compute:
+        return dst
+    x = _flat(data)
+    if n0 != "bypass":
+        x = _apply(n0, x, v0, reverse0)
+    if n1 != "bypass":
+        x = _apply(n1, x, v1, reverse1)
+    fn = op_name(op)
+    out = torch.where(x > 0, x, x * alpha) if fn == "prelu" else _unary(fn, x)  # type: ignore[operator]
+    write(dst, out.reshape(dst.shape))
+    regs = _regs(launch)
+    if reduce_cmd in (_RESET, _RESET_REDUCE):
+        regs[:p] = _ACTIVATE2_REDUCE.get(red or "add", 0.0)
+    if reduce_cmd in (_REDUCE, _RESET_REDUCE) and red is not None:
+        regs[:p] = _fold(red, torch.cat([regs[:p, None], out], dim=1))
+    if reduce_res is not None:
+        write(reduce_res, regs[:p].reshape(reduce_res.shape))
+    return dst
+
+
+def _fold(name: str, values: torch.Tensor) -> torch.Tensor:
+    """``acc = reduce_op(acc, v)`` along each row, the accumulator first (abs_max/abs_min keep the later of a tie)."""
+    if name in ("abs_max", "abs_min"):
+        mags = values.abs()
+        best = mags.amax(dim=1, keepdim=True) if name == "abs_max" else mags.amin(dim=1, keepdim=True)
+        hits = (mags == best).to(torch.int64) * torch.arange(1, values.shape[1] + 1)
+        return values.gather(1, (hits.argmax(dim=1, keepdim=True))).reshape(-1)
+    return REDUCE[name](values)
+
+
+def dma_compute(dst: NkiTensor, srcs: Any, reduce_op: Any, scales: Any = None, unique_indices: bool = True,
+                oob_mode: oob_mode = oob_mode.error, name: str | None = None) -> Any:
+    """``dst = srcs[0] * scales[0] + srcs[1] * scales[1] + ...`` in the DMA engines' float32 math; a source with
+    ``vector_offset`` gives the documented read-modify-write gather or scatter (HBM or SBUF, never PSUM)."""
+    ins = "nisa.dma_compute"
+    launch = _begin(ins)
+    _ensure_dst(ins, dst)
+    sources = list(srcs) if isinstance(srcs, (list, tuple)) else [srcs]
+    dma_regions = (MemoryRegion.sbuf, *HBM)
+    for operand, t in (("dst", dst), *((f"srcs[{i}]", t) for i, t in enumerate(sources))):
+        if isinstance(t, _NkiTensor) and t.buffer is MemoryRegion.psum:
+            raise NkiValidationError("err-dma-psum", ins, f"is {t.name!r} in PSUM", operand=operand, value="psum",
+                                     limit="hbm or sbuf")
+        _tile(ins, operand, t, launch, dma_regions)
+        if t.size != dst.size:
+            raise NkiValidationError("err-shape-mismatch", ins, f"{operand} {t.shape} for dst {dst.shape}",
+                                     operand=operand, value=t.size, limit=dst.size)
+    if op_name(reduce_op) != "add":
+        raise NkiValidationError("err-unsupported-operator", ins, f"reduce_op {op_name(reduce_op)}",
+                                 operand="reduce_op", limit="nl.add")
+    factors = [1.0] * len(sources) if scales is None else [float(f) for f in scales]
+    if len(factors) != len(sources) or any(f != 1.0 for f in factors):
+        raise NkiValidationError("err-unsupported-feature", ins, f"scales {scales}", operand="scales",
+                                 limit="all 1.0 (or None), one per source")
+    indirect = any(t.gather is not None for t in (dst, *sources))
+    if indirect and (len(sources) != 2 or not unique_indices):
+        raise NkiValidationError("err-unsupported-feature", ins, "read-modify-write with vector_offset",
+                                 operand="srcs", limit="exactly 2 sources and unique_indices=True")
+    if launch.compute:
+        total = sum(read(t).to(torch.float32).reshape(dst.shape) for t in sources)
+        write(dst, total, skip_oob=oob_mode is not _OOB_ERROR)  # type: ignore[arg-type]
+    return dst
+
+
+def nc_stream_shuffle(dst: NkiTensor, src: NkiTensor, shuffle_mask: Any, name: str | None = None) -> Any:
+    """Within each quadrant of 32 partitions, output partition i copies input partition ``shuffle_mask[i]``
+    (255: left unmodified); the same mask for every quadrant (Vector Engine, SBUF or PSUM, in place allowed)."""
+    ins = "nisa.nc_stream_shuffle"
+    launch = _begin(ins)
+    _ensure_dst(ins, dst)
+    _tile(ins, "src", src, launch)
+    _tile(ins, "dst", dst, launch)
+    if dst.dtype != src.dtype:
+        raise NkiValidationError("err-unsupported-dtype", ins, f"dst is {dst.dtype}, src {src.dtype}", operand="dst",
+                                 value=dst.dtype, limit=src.dtype)
+    if dst.free_size != src.free_size:
+        raise NkiValidationError("err-shape-mismatch", ins, f"dst {dst.shape} for src {src.shape}", operand="dst",
+                                 value=dst.free_size, limit=f"{src.free_size} elements per partition")
+    mask = [int(m) for m in shuffle_mask]
+    if len(mask) != 32 or any(not (0 <= m < 32 or m == 255) for m in mask):
+        raise NkiValidationError("err-invalid-operand", ins, f"shuffle_mask {mask}", operand="shuffle_mask",
+                                 limit="32 entries, each a partition 0..31 of the quadrant or 255 (unmodified)")
+    active = -(-max(src.shape[0], dst.shape[0]) // 32) * 32
+    starts = {128: (0,), 96: (0,), 64: (0, 64), 32: (0, 32, 64, 96)}[active]
+    for operand, t in (("src", src), ("dst", dst)):
+        first = (resolve(t) if launch.compute else t).offset // max(t.storage.free, 1)
+        if first not in starts:
+            raise NkiValidationError("err-unsupported-feature", ins, f"{operand} starts at partition {first} with "
+                                     f"{active} active partitions", operand=operand, value=first,
+                                     limit=" or ".join(map(str, starts)))
+    if launch.compute:
+        values = _flat(src, _native(src))
+        out = _flat(dst, _native(dst)).clone()
+        for p in range(dst.shape[0]):
+            quadrant, lane = divmod(p, 32)
+            source = quadrant * 32 + mask[lane]
+            if mask[lane] != 255 and source < src.shape[0]:
+                out[p] = values[source]
+        write(dst, out.reshape(dst.shape))
+    return dst
+
+
+def _dst_first(fn: Any) -> Any:
+    """Turn an older-dialect call (no ``dst``, the result returned) into ``err-missing-dst`` instead of the plain
+    TypeError Python raises for a missing argument; any other TypeError passes through unchanged."""
+    signature = inspect.signature(fn)
+    instruction = f"nisa.{fn.__name__}"
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except TypeError:
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError:
+                if "dst" not in kwargs:
+                    _ensure_dst(instruction, None)
+                if "dtype" in kwargs and "dtype" not in signature.parameters:
+                    raise NkiValidationError(
+                        "err-unsupported-feature", instruction, "takes no dtype= in NKI 0.6 (the API reference's "
+                        "signature); the dtype of dst is the cast", operand="dtype", value=kwargs["dtype"],
+                        hint="drop dtype= and allocate dst in the dtype you want") from None
+            raise
+
+    return call
+
+
+for _name in ("dma_copy", "dma_transpose", "tensor_copy", "memset", "tensor_tensor", "tensor_scalar", "activation",
+              "activation_reduce", "reciprocal", "tensor_reduce", "tensor_partition_reduce", "tensor_tensor_scan",
+              "tensor_copy_predicated", "iota", "affine_select", "nc_matmul", "nc_transpose", "scalar_tensor_tensor",
+              "tensor_scalar_reduce", "nonzero_with_count", "nc_stream_shuffle", "activate2",
+              "dma_compute"):
+    globals()[_name] = _dst_first(globals()[_name])
+del _name
+register_operations(tensor_copy=tensor_copy, dma_copy=dma_copy, memset=memset)  # for t[...] = x (see _tensor)

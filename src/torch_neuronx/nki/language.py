@@ -22,7 +22,7 @@ import torch
 
 from torch_neuronx.nki import _dtypes, isa
 from torch_neuronx.nki._errors import NkiValidationError
-from torch_neuronx.nki._ops import BINARY, UNARY
+from torch_neuronx.nki._ops import BINARY, BITVEC, UNARY
 from torch_neuronx.nki._target import current_target
 from torch_neuronx.nki._tensor import (
     HBM,
@@ -30,10 +30,13 @@ from torch_neuronx.nki._tensor import (
     DynamicSlice,
     MemoryRegion,
     NkiTensor,
+    ParDim,
     allocate,
     current,
     current_or_none,
+    loop_iterations,
     read,
+    register_operations,
     write,
 )
 
@@ -131,7 +134,7 @@ tile_size = _TileSize()
 
 def ndarray(shape: Any, dtype: Any, buffer: Any = sbuf, name: str = "", address: Any = None) -> NkiTensor:
     """A new tensor, its contents undefined (the interpreter fills it with NaN / 4 to show reads before writes)."""
-    current().count("nl.ndarray")
+    current().count_allocation("nl.ndarray")
     return allocate(shape, dtype, buffer, name)
 
 
@@ -145,7 +148,7 @@ def ones(shape: Any, dtype: Any, buffer: Any = sbuf, name: str = "") -> NkiTenso
 
 def full(shape: Any, fill_value: Any, dtype: Any, buffer: Any = sbuf, name: str = "") -> NkiTensor:
     launch = current()
-    launch.count("nl.full")
+    launch.count_allocation("nl.full")  # the fill is counted as the nisa.memset instruction it is
     t = allocate(shape, dtype, buffer, name, instruction="nl.full", fill=None)
     if t.on_chip:
         isa.memset(dst=t, value=fill_value)
@@ -247,6 +250,21 @@ def _values(instruction: str, operand: str, x: Any) -> tuple[Any, str | None]:
                              operand=operand)
 
 
+def _bits(instruction: str, operand: str, x: Any) -> tuple[Any, str | None]:
+    """An operand of a bitvec operator: an integer tile as the unsigned bit patterns of its dtype's width (AWS:
+    bitvec operators "treat input elements as bit patterns"; nl.right_shift is a logical shift), or an int."""
+    if isinstance(x, NkiTensor):
+        launch = current()
+        isa._tile(instruction, operand, x, launch)
+        isa._check_arith_dtypes(instruction, "bitwise_and", (operand, x))
+        return (isa._bit_pattern(read(x), x.dtype) if launch.compute else None), x.dtype
+    try:
+        return int(x), None
+    except (TypeError, ValueError):
+        raise NkiValidationError("err-invalid-operand", instruction, f"{x!r} is neither an integer tile nor an int",
+                                 operand=operand) from None
+
+
 def _out_shape(instruction: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
     try:
         return tuple(torch.broadcast_shapes(*shapes))
@@ -262,8 +280,12 @@ def _make_binary(name: str) -> Callable[..., NkiTensor]:
         instruction = f"nl.{fn_name}"
         launch = current()
         launch.count(instruction)
-        xv, xd = _values(instruction, "x", x)
-        yv, yd = _values(instruction, "y", y)
+        isa._check_op_target(instruction, fn_name, launch, "x")
+        if fn_name in BITVEC:
+            (xv, xd), (yv, yd) = _bits(instruction, "x", x), _bits(instruction, "y", y)
+        else:
+            xv, xd = _values(instruction, "x", x)
+            yv, yd = _values(instruction, "y", y)
         shapes = [t.shape for t in (x, y) if isinstance(t, NkiTensor)]
         if not shapes:
             raise NkiValidationError("err-invalid-operand", instruction, "needs at least one tile", operand="x")
@@ -288,7 +310,7 @@ def _make_unary(name: str) -> Callable[..., NkiTensor]:
         instruction = f"nl.{fn_name}"
         launch = current()
         launch.count(instruction)
-        xv, xd = _values(instruction, "x", x)
+        xv, xd = _bits(instruction, "x", x) if fn_name in BITVEC else _values(instruction, "x", x)
         if not isinstance(x, NkiTensor):
             raise NkiValidationError("err-invalid-operand", instruction, "needs a tile", operand="x")
         out = allocate(x.shape, dtype or xd, sbuf, instruction=instruction)
@@ -339,6 +361,7 @@ gelu = _make_unary("gelu")
 gelu_apprx_tanh = _make_unary("gelu_apprx_tanh")
 gelu_apprx_sigmoid = _make_unary("gelu_apprx_sigmoid")
 gelu_dx = _make_unary("gelu_dx")
+gelu_apprx_sigmoid_dx = _make_unary("gelu_apprx_sigmoid_dx")
 silu = _make_unary("silu")
 silu_dx = _make_unary("silu_dx")
 softplus = _make_unary("softplus")
@@ -385,7 +408,8 @@ def _reduce(name: str, op: str) -> Callable[..., NkiTensor]:
         launch.count(instruction)
         xv, xd = _values(instruction, "x", x)
         axes = isa._reduce_axes(instruction, x, axis)
-        shape = [1 if i in axes else n for i, n in enumerate(x.shape)] if keepdims else \
+        # AWS nl.var: "keepdims: currently ignored; result always has keepdims=True shape"
+        shape = [1 if i in axes else n for i, n in enumerate(x.shape)] if keepdims or op == "var" else \
             [n for i, n in enumerate(x.shape) if i not in axes]
         out = allocate(tuple(shape), dtype or xd, sbuf, instruction=instruction)
         if launch.compute:
@@ -489,11 +513,16 @@ def matmul(x: NkiTensor, y: NkiTensor, transpose_x: bool = False) -> NkiTensor:
     """``x @ y`` (or ``x.T @ y`` with transpose_x) into a new float32 PSUM tile."""
     launch = current()
     launch.count("nl.matmul")
+    for operand, t in (("x", x), ("y", y)):  # AWS: x and y are tiles on SBUF
+        isa._tile("nl.matmul", operand, t, launch, (sbuf,))
     stationary = x
     if not transpose_x:
+        # the inserted transpose is a Tensor Engine transpose through PSUM, then a copy back to SBUF
+        flipped = allocate((x.free_size, x.shape[0]), x.dtype, psum, instruction="nl.matmul")
+        isa.nc_transpose(dst=flipped, data=x, engine=isa.engine.tensor)
         stationary = allocate((x.free_size, x.shape[0]), x.dtype, sbuf, instruction="nl.matmul")
-        if launch.compute:
-            write(stationary, read(x).reshape(x.shape[0], -1).T)
+        isa.tensor_copy(dst=stationary, src=flipped)
+        del flipped
     out = allocate((stationary.free_size, y.free_size), float32, psum, instruction="nl.matmul")
     isa.nc_matmul(dst=out, stationary=stationary, moving=y, accumulate=False)
     return out
@@ -502,29 +531,68 @@ def matmul(x: NkiTensor, y: NkiTensor, transpose_x: bool = False) -> NkiTensor:
 # ----------------------------------------------------------------------------------------------- control
 
 
-def affine_range(start: int, stop: int | None = None, step: int = 1) -> range:
-    """Iterations the compiler may overlap (run here in order)."""
-    return range(start, stop, step) if stop is not None else range(start)
+class _CompilerLoop:
+    """A loop the NKI compiler keeps as a loop (its body traced once): each iteration is a ledger scope, so a tile
+    allocated in the body is live for its iteration only. Iterates like the ``range`` it wraps."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: range) -> None:
+        self.values = values
+
+    def __iter__(self) -> Iterator[int]:
+        return loop_iterations(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.values[index]
+
+    def __repr__(self) -> str:
+        return repr(self.values)
 
 
-sequential_range = affine_range
-static_range = affine_range
-
-
-def dynamic_range(start: Any, stop: Any = None, step: int = 1) -> range:
-    start = int(start)
+def _range(start: Any, stop: Any, step: Any) -> range:
+    start, step = int(start), int(step)
     return range(start, int(stop), step) if stop is not None else range(start)
 
 
+def affine_range(start: int, stop: int | None = None, step: int = 1) -> _CompilerLoop:
+    """Iterations the compiler may overlap (run here in order); body tiles live for one iteration."""
+    return _CompilerLoop(_range(start, stop, step))
+
+
+def sequential_range(start: int, stop: int | None = None, step: int = 1) -> _CompilerLoop:
+    """Iterations with a loop-carried dependency, in order; body tiles live for one iteration."""
+    return _CompilerLoop(_range(start, stop, step))
+
+
+def static_range(start: int, stop: int | None = None, step: int = 1) -> range:
+    """A loop the tracer unrolls: each iteration's tiles are distinct and live while the kernel references them."""
+    return _range(start, stop, step)
+
+
+def dynamic_range(start: Any, stop: Any = None, step: int = 1) -> _CompilerLoop:
+    """A loop with run-time bounds (registers or ints); body tiles live for one iteration."""
+    return _CompilerLoop(_range(start, stop, step))
+
+
 def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any], Any], step: int = 1) -> None:
-    for i in range(int(lower), int(upper), int(step)):
+    for i in loop_iterations(range(int(lower), int(upper), int(step))):
         body_fun(isa.VirtualRegister(i))
 
 
 def while_loop(init: Any, body_fun: Callable[[Any], Any]) -> None:
     reg = init
+    launch = current_or_none()
     while int(reg) != 0:
-        reg = body_fun(reg)
+        scope = launch.ledger.open_scope() if launch is not None else None
+        try:
+            reg = body_fun(reg)
+        finally:
+            if scope is not None:
+                launch.ledger.close_scope(scope)  # type: ignore[union-attr]
 
 
 @contextlib.contextmanager
@@ -569,8 +637,27 @@ def spmd_dim(*dims: int) -> int:
 
 
 def par_dim(n: int) -> int:
-    """Older dialect's partition-dimension marker: the size itself."""
-    return int(n)
+    """Older dialect's partition-dimension marker: the size itself, accepted first in a shape (anywhere else the
+    older dialect meant block dimensions, which NKI 0.6 does not have: the allocation says so)."""
+    return ParDim(int(n))
 
+
+_OLDER_DIALECT = {
+    "arange": "index grids (nl.arange, nl.mgrid) belong to the older neuronxcc.nki dialect",
+    "mgrid": "index grids (nl.arange, nl.mgrid) belong to the older neuronxcc.nki dialect",
+    "loop_reduce": "nl.loop_reduce belongs to the older neuronxcc.nki dialect",
+}
+
+
+def __getattr__(name: str) -> Any:
+    reason = _OLDER_DIALECT.get(name)
+    if reason is not None:
+        raise AttributeError(f"module 'nki.language' has no attribute {name!r}: {reason}, out of support since "
+                             "Neuron 2.28 and not emulated; in NKI 0.6 index with slices (t[0:128, 0:512]), nl.ds(), "
+                             "or .ap() access patterns")
+    raise AttributeError(f"module 'nki.language' has no attribute {name!r}")
+
+
+register_operations(add=add, subtract=subtract, multiply=multiply, divide=divide, negative=negative)  # a + b on tiles
 
 _ = builtins  # the reductions above shadow sum/max/min/all/abs inside this module on purpose

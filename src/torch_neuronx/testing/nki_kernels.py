@@ -122,13 +122,13 @@ def matmul_hoisted(lhs_t: Any, rhs: Any) -> Any:
     out = nl.ndarray((m, n), dtype=lhs_t.dtype, buffer=nl.shared_hbm)
     for i in nl.affine_range(m // P):
         lhs_tiles = []
-        for kk in nl.affine_range(k // P):
+        for kk in nl.static_range(k // P):
             a = nl.ndarray((P, P), dtype=lhs_t.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=a, src=lhs_t[kk * P:(kk + 1) * P, i * P:(i + 1) * P])
             lhs_tiles.append(a)
         for j in nl.affine_range(n // FREE):
             rhs_tiles = []
-            for kk in nl.affine_range(k // P):
+            for kk in nl.static_range(k // P):
                 b = nl.ndarray((P, FREE), dtype=rhs.dtype, buffer=nl.sbuf)
                 nisa.dma_copy(dst=b, src=rhs[kk * P:(kk + 1) * P, j * FREE:(j + 1) * FREE])
                 rhs_tiles.append(b)
@@ -147,22 +147,24 @@ def matmul_blocked(lhs_t: Any, rhs: Any, block_m: int = 2, block_n: int = 2) -> 
     k, m = lhs_t.shape
     _, n = rhs.shape
     out = nl.ndarray((m, n), dtype=lhs_t.dtype, buffer=nl.shared_hbm)
+    # loops that build Python lists of tiles are static_range (unrolled, each tile its own allocation, live while
+    # the list holds it); the others are compiler loops, whose body tiles live for one iteration
     for bm in nl.affine_range(m // (P * block_m)):
         lhs_blocks = []
-        for t in nl.affine_range(block_m):
+        for t in nl.static_range(block_m):
             col = (bm * block_m + t) * P
             row_tiles = []
-            for kk in nl.affine_range(k // P):
+            for kk in nl.static_range(k // P):
                 a = nl.ndarray((P, P), dtype=lhs_t.dtype, buffer=nl.sbuf)
                 nisa.dma_copy(dst=a, src=lhs_t[kk * P:(kk + 1) * P, col:col + P])
                 row_tiles.append(a)
             lhs_blocks.append(row_tiles)
         for bn in nl.affine_range(n // (FREE * block_n)):
             rhs_blocks = []
-            for t in nl.affine_range(block_n):
+            for t in nl.static_range(block_n):
                 col = (bn * block_n + t) * FREE
                 col_tiles = []
-                for kk in nl.affine_range(k // P):
+                for kk in nl.static_range(k // P):
                     b = nl.ndarray((P, FREE), dtype=rhs.dtype, buffer=nl.sbuf)
                     nisa.dma_copy(dst=b, src=rhs[kk * P:(kk + 1) * P, col:col + FREE])
                     col_tiles.append(b)
@@ -192,7 +194,8 @@ def softmax_rows(x: Any) -> Any:
         nisa.tensor_reduce(dst=row_max, op=nl.maximum, data=t, axis=1, negate=True)
         e = nl.ndarray((P, cols), dtype=nl.float32, buffer=nl.sbuf)
         total = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=e, op=nl.exp, data=t, bias=row_max, reduce_op=nl.add, reduce_res=total)
+        nisa.activation(dst=e, op=nl.exp, data=t, bias=row_max, reduce_op=nl.add, reduce_res=total,
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce)
         inv = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.reciprocal(dst=inv, data=total)
         y = nl.ndarray((P, cols), dtype=x.dtype, buffer=nl.sbuf)
@@ -214,7 +217,8 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
         nisa.dma_copy(dst=t, src=x[r * P:(r + 1) * P, :])
         sq = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)
         ssq = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=sq, op=nl.square, data=t, reduce_op=nl.add, reduce_res=ssq)
+        nisa.activation(dst=sq, op=nl.square, data=t, reduce_op=nl.add, reduce_res=ssq,
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce)
         rstd = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=rstd, data=ssq, op0=nl.multiply, operand0=1.0 / d, op1=nl.add, operand1=eps)
         nisa.activation(dst=rstd, op=nl.rsqrt, data=rstd)
@@ -273,7 +277,8 @@ def attention_fwd(q: Any, k: Any, v: Any, causal: bool = False) -> Any:
             nisa.tensor_scalar(dst=neg_max, data=new_max, op0=nl.multiply, operand0=-1.0)
             probs = nl.ndarray((P, kv_tile), dtype=q.dtype, buffer=nl.sbuf)
             tile_sum = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=probs, op=nl.exp, data=s, bias=neg_max, reduce_op=nl.add, reduce_res=tile_sum)
+            nisa.activation(dst=probs, op=nl.exp, data=s, bias=neg_max, reduce_op=nl.add, reduce_res=tile_sum,
+                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
             corr = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=corr, op=nl.exp, data=run_max, bias=neg_max)
             nisa.tensor_scalar(dst=run_sum, data=run_sum, op0=nl.multiply, operand0=corr, op1=nl.add,
