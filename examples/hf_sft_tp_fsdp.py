@@ -2,7 +2,9 @@
 
     torchrun --nproc-per-node 4 examples/hf_sft_tp_fsdp.py [--tp 2] [--fsdp 2] [--steps 6] [--out DIR]
 
-TP_SIZE x FSDP_SIZE processes, one NeuronCore each. Transformers shards the
+TP_SIZE x FSDP_SIZE processes, one NeuronCore each. As in the announcement, the
+script does not call `init_process_group`: `from_pretrained` starts the "neuron"
+process group itself (`--init-process-group` starts it first instead). Transformers shards the
 weights at load (`from_pretrained(distributed_config=DistributedConfig(tp_size,
 fsdp_size))`): the tensor-parallel plan of the model splits each layer's
 projections across the `tp` ranks, and FSDP2 shards what remains across the
@@ -21,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import tempfile
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -40,6 +44,23 @@ from torch_neuronx.testing import hf as tiny_hf
 def save_checkpoint(path: Path, max_length: int) -> None:
     # Attention heads and KV heads divisible by the largest tp size used (8).
     tiny_hf.save_checkpoint(path, max_length, hidden=128, heads=8, kv_heads=8)
+
+
+def base_once(path: Path, max_length: int, timeout_s: float = 300) -> None:
+    """The base checkpoint, written by local rank 0 (renamed into place when complete) while the others wait for it:
+    there is no process group yet to synchronise on."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        if not (path / "config.json").exists():
+            partial = path.with_name(path.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            save_checkpoint(partial, max_length)
+            partial.rename(path)
+        return
+    deadline = time.monotonic() + timeout_s
+    while not (path / "config.json").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"local rank 0 did not write the base checkpoint {path} within {timeout_s:.0f} s")
+        time.sleep(0.2)
 
 
 def probe_ids() -> torch.Tensor:
@@ -76,6 +97,8 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=256, help="tokens per packed row")
     parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--out", type=Path, default=None, help="where trainer.save_model writes (default: a temp dir)")
+    parser.add_argument("--init-process-group", action="store_true",
+                        help="start the process group in the script (by default from_pretrained starts it)")
     parser.add_argument("--cpu-reference", action="store_true",
                         help="no torchrun: the same training in one CPU process, with the global batch")
     args = parser.parse_args()
@@ -88,18 +111,24 @@ def main() -> None:
         print_losses(train(args, model, tokenizer, out, batch=args.batch * args.fsdp, use_cpu=True))
         return
 
-    # The "neuron" process group (the accelerator's default); transformers builds its mesh on it.
-    dist.init_process_group()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    shared = [str(args.out or Path(tempfile.mkdtemp(prefix="hf_sft_tp_fsdp_")))]
-    dist.broadcast_object_list(shared, src=0)
-    out = Path(shared[0])
-    if rank == 0:
-        save_checkpoint(out / "base", args.max_length)
-    dist.barrier()
+    if args.init_process_group:
+        # The "neuron" process group (the accelerator's default), started by the script; transformers uses it.
+        dist.init_process_group()
+        shared = [str(args.out or Path(tempfile.mkdtemp(prefix="hf_sft_tp_fsdp_")))]
+        dist.broadcast_object_list(shared, src=0)
+        out = Path(shared[0])
+        if dist.get_rank() == 0:
+            save_checkpoint(out / "base", args.max_length)
+        dist.barrier()
+    else:
+        # The announcement's flow: no process group yet; from_pretrained starts it (after binding the process to
+        # neuron:LOCAL_RANK with torch.accelerator.set_device_index).
+        out = args.out or Path(tempfile.gettempdir()) / f"hf_sft_tp_fsdp_{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}"
+        base_once(out / "base", args.max_length)
 
     model = AutoModelForCausalLM.from_pretrained(
         out / "base", distributed_config=DistributedConfig(tp_size=args.tp, fsdp_size=args.fsdp))
+    rank, world = dist.get_rank(), dist.get_world_size()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(out / "base")
     # Each rank holds its own shard of every projection, on its own core.
     q_proj = model.model.layers[0].self_attn.q_proj.weight

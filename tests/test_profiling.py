@@ -612,3 +612,44 @@ def test_core_ids_are_the_instances_under_visible_cores(tmp_path: Path) -> None:
     captured = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(captured) == {"3"}  # neuron:0 (NC 2) is not captured
     assert ["aten::add_.Tensor", 1] in captured["3"] and all(device == 1 for _, device in captured["3"])
+
+
+_CACHED_GRAPHS = textwrap.dedent("""
+    import json, torch, torch_neuronx
+    from torch.profiler import ProfilerActivity, profile
+    from torch_neuronx.compile import metrics
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).to("neuron")
+    compiled = torch.compile(model, backend="neuron")
+    x = torch.randn(4, 8, device="neuron")
+    compiled(x).sum().backward()  # a training graph (forward and backward)
+    with torch.no_grad():
+        compiled(x)  # an inference graph
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        for _ in range(2):
+            compiled(x).sum().backward()
+        with torch.no_grad():
+            for _ in range(3):
+                compiled(x)
+    names = [e.name for e in prof.events() if e.name.startswith("neuron::graph")]
+    print(json.dumps({"forward": sum(n.endswith("(forward)") for n in names),
+                      "backward": sum(n.endswith("(backward)") for n in names),
+                      "disk_hits": metrics.snapshot()["cache"]["disk_hits"]}))
+""")
+
+
+def test_graphs_loaded_from_the_compile_cache_are_one_device_event_per_execution(tmp_path: Path) -> None:
+    """A second process that loads its graphs from the shared compile cache (training and no_grad graphs)
+    records the same device events as the process that compiled them: one per execution."""
+    env = {**BASE_ENV, "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "cache"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", _CACHED_GRAPHS], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    fresh, cached = runs
+    assert fresh["disk_hits"] == 0 and cached["disk_hits"] == 2, runs  # the training and the inference graph
+    for run in runs:  # 2 training steps (forward + backward) and 3 no_grad calls
+        assert (run["forward"], run["backward"]) == (5, 2), runs

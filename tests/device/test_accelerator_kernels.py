@@ -153,6 +153,48 @@ def test_sdpa_takes_cpu_fused_kernel_and_matches_cpu(dtype: torch.dtype, case: s
         assert torch.equal(dev_kwargs["attn_mask"].grad.cpu(), kwargs["attn_mask"].grad)  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("case", ["plain", "bool_mask", "causal"])
+def test_sdpa_float64_backward_equals_cpu_and_passes_gradcheck(case: str) -> None:
+    """float64 attention (what gradcheck needs) runs CPU's flash op, whose log-sum-exp is float64: gradients equal
+    CPU's exactly, and gradcheck holds on the device (issue 34: the float32 log-sum-exp broke the backward)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 3, 4, dtype=torch.float64) for _ in range(3))
+    mask = torch.tensor([[True, False, True], [True, True, False], [False, True, True]])
+    kwargs: dict[str, object] = {"is_causal": True} if case == "causal" else {}
+    dev_kwargs = dict(kwargs)
+    if case == "bool_mask":
+        kwargs["attn_mask"], dev_kwargs["attn_mask"] = mask, mask.to("neuron")
+    cpu_in = [t.clone().requires_grad_() for t in (q, k, v)]
+    dev_in = [t.to("neuron").requires_grad_() for t in (q, k, v)]
+    want = F.scaled_dot_product_attention(*cpu_in, **kwargs)
+    got = F.scaled_dot_product_attention(*dev_in, **dev_kwargs)
+    assert got.dtype == torch.float64 and torch.equal(got.cpu(), want)
+    want.sum().backward()
+    got.sum().backward()
+    for c, d in zip(cpu_in, dev_in, strict=True):
+        assert torch.equal(d.grad.cpu(), c.grad)
+    assert torch.autograd.gradcheck(lambda *t: F.scaled_dot_product_attention(*t, **dev_kwargs),
+                                    [t.detach().requires_grad_() for t in dev_in])
+
+
+def test_efficient_attention_backward_takes_float64_inputs() -> None:
+    # Called directly (as DTensor's rules may), efficient attention keeps its float32 log-sum-exp (CUDA's contract)
+    # and its backward hands CPU's kernel the float64 one it needs: gradients as CPU's flash op gives, to rounding.
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 3, 4, dtype=torch.float64, device="neuron") for _ in range(3))
+    out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True)
+    assert lse.dtype == torch.float32
+    grad = torch.ones_like(out)
+    got = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+        grad, q, k, v, None, out, lse, seed, offset, 0.0, [True, True, True, False])[:3]
+    cq, ck, cv = (t.cpu() for t in (q, k, v))
+    cpu_out, cpu_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(cq, ck, cv)
+    want = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad.cpu(), cq, ck, cv, cpu_out, cpu_lse, 0.0, False)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-6, atol=1e-6)
+
+
 def test_efficient_attention_op_refuses_what_it_cannot_do() -> None:
     q = torch.randn(1, 2, 32, 8, device="neuron")
     with pytest.raises(RuntimeError, match="without dropout"):

@@ -219,6 +219,8 @@ for attempt in range(2):
     ("roundup_power2_divisions:[3:4]", "roundup_power2_divisions:[3:4]"),
     ("roundup_power2_divisions:[1:4", "roundup_power2_divisions:[1:4"),
     ("expandable_segments:maybe", "expandable_segments:maybe"),
+    (":", "':' is not a valid setting"),  # neither key nor value (issue 34): raised, as docs/memory.md says
+    ("bogus_key:", "bogus_key:"),  # an unknown key without a value is malformed too, not merely unknown
 ])
 def test_a_bad_alloc_conf_raises_naming_the_variable_and_key(conf: str, key: str) -> None:
     r = run(BAD_CONF, conf)

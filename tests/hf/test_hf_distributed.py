@@ -7,6 +7,7 @@ process that never imports torch_neuronx and give the trained model's logits.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -83,3 +84,22 @@ def test_saved_checkpoint_loads_on_cpu_without_torch_neuronx(runs: tuple[str, st
     assert diff < 1e-5, proc.stdout
     probe = torch.load(out_dir / "probe_logits.pt")
     assert probe["logits"].shape == (2, 8, 256)
+
+
+def test_tp_plan_auto_starts_the_process_group_itself(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """Transformers' `tp_plan="auto"` under torchrun, with no init_process_group in the script (job_tp_plan_auto.py):
+    choosing a device first leaves the runtime untouched, and every rank's logits equal one CPU process's."""
+    job = Path(__file__).resolve().parent / "job_tp_plan_auto.py"
+    argv = torchrun_argv("--standalone", "--nproc-per-node", "2", str(job), str(tiny_llama_dir), str(tmp_path))
+    (proc,) = run_processes([(argv, {})], tmp_path, timeout=240)
+    assert proc.rc == 0, proc.log()
+    for rank in range(2):
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        other = 1 - rank
+        assert r["before"] == {"after_set_device_index": [other, False], "in_device_context": rank,
+                               "in_accelerator_context": rank, "after_set_device": [rank, rank],
+                               "initialized": False}, r
+        assert r["backend"] == "neuron" and r["device"] == f"neuron:{rank}", r
+        # 4 heads x 16 over 2 cores: each holds half of q_proj's rows (colwise).
+        assert r["q_proj"] == ["DTensor", [32, 64], f"neuron:{rank}"], r
+        assert r["max_diff_vs_cpu"] < 1e-5 and r["max_diff_between_ranks"] == 0.0, r

@@ -85,16 +85,23 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *, mode:
     options = dict(options or {})
     function = _current_function()
     compile_id = _compile_id(gm)
-    cpu = placement.cpu_positions(example_inputs)
+    scalars = placement.python_scalar_positions(gm)
+    cpu = placement.cpu_positions(example_inputs, scalars)
     if cpu:
         names = input_names(gm)
         placement.check_autocopy(example_inputs, cpu, names)
-        back_to = placement.output_device(example_inputs)
+        back_to = placement.output_device(example_inputs, scalars)
         device = placement.target_device(example_inputs)
         placement.place_graph(gm, device)
-        run = _StaticSpecializer(gm, function, compile_id, options, names)  # compiles at the first call
+        if scalars and not any(isinstance(x, torch.SymInt) for x in example_inputs):
+            # Compiled now, inside Dynamo's tracing context: its shape environment knows the Python numbers the
+            # graph reads with item(); a later, specialised compile would not (Inductor would raise).
+            moved = [x.to(device) if i in cpu else x for i, x in enumerate(example_inputs)]
+            run = compile_graph(gm, moved, function, compile_id, options, names)
+        else:
+            run = _StaticSpecializer(gm, function, compile_id, options, names)  # compiles at the first call
         return placement.CpuInputs(run, cpu, device, back_to)
-    placement.output_device(example_inputs)  # all on neuron: outputs stay, whatever the mode
+    placement.output_device(example_inputs, scalars)  # all on neuron: outputs stay, whatever the mode
     if any(isinstance(x, torch.SymInt) for x in example_inputs):
         return _StaticSpecializer(gm, function, compile_id, options)
     return compile_graph(gm, example_inputs, function, compile_id, options)

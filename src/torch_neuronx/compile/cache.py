@@ -265,7 +265,11 @@ def _compile_in(root: Root, compile_fn: Callable[[], T]) -> tuple[T, DiskOutcome
         with (
             inductor_config.patch(fx_graph_cache=persistent, fx_graph_remote_cache=False),
             functorch_config.patch(
-                enable_autograd_cache=persistent,
+                # Off: an AOTAutograd hit returns Inductor's graphs without calling the inner compile, the step
+                # that attaches the profiler's device event to each graph (backend._profiled), so graphs from the
+                # cache would be invisible to torch.profiler. Inductor's FX graph cache still serves each graph
+                # (no C++ compile on a hit); AOTAutograd traces again, a small part of a cold compile.
+                enable_autograd_cache=False,
                 enable_remote_autograd_cache=False,
                 # Lower the backward now, not at the first backward() (outside this
                 # block, where the cache directory would be Inductor's default).

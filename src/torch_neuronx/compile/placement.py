@@ -34,8 +34,29 @@ class NEFFExecutionError(RuntimeError):
     """A compiled graph cannot run with the inputs it was given (TorchNeuron's name for it)."""
 
 
-def cpu_positions(example_inputs: Sequence[Any]) -> list[int]:
-    return [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and x.device.type == "cpu"]
+def cpu_positions(example_inputs: Sequence[Any], python_scalars: frozenset[int] = frozenset()) -> list[int]:
+    """The CPU tensor inputs to copy to the device; `python_scalars` (Dynamo's Python numbers) stay where they are."""
+    return [i for i, x in enumerate(example_inputs)
+            if isinstance(x, torch.Tensor) and x.device.type == "cpu" and i not in python_scalars]
+
+
+def python_scalar_positions(gm: torch.fx.GraphModule) -> frozenset[int]:
+    """The inputs that are Python numbers in the user's code (a float argument, a float attribute, an optimizer's
+    learning rate): Dynamo passes each as a 0-d CPU tensor and reads it with ``item()`` in the graph, so that a new
+    value does not recompile.
+
+    They are runtime inputs of the graph, as in TorchNeuron, whose executor turns Python scalars into scalar
+    tensor inputs at each call (torch_neuronx/neuron_dynamo_backend/executor.py, ``Executor._prepare_inputs``),
+    not constants. They stay 0-d CPU tensors: Inductor reads a CPU scalar input of a device graph directly (as it
+    does for CUDA graphs); a device copy would make its ``item()`` data-dependent when the graph is specialised.
+    """
+    positions = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        grapharg = node.meta.get("grapharg")
+        if grapharg is not None and getattr(grapharg, "pass_arg_as_tensor", False):
+            positions.append(i)
+    return frozenset(positions)
 
 
 def check_autocopy(example_inputs: Sequence[Any], cpu: list[int], names: list[str]) -> None:
@@ -92,11 +113,13 @@ def place_graph(gm: torch.fx.GraphModule, device: torch.device) -> None:
     gm.recompile()
 
 
-def output_device(example_inputs: Sequence[Any]) -> str | None:
-    """With TORCH_NEURONX_RETAIN_DEVICE_MODE=1, the device type the outputs return to (None: stay)."""
+def output_device(example_inputs: Sequence[Any], python_scalars: frozenset[int] = frozenset()) -> str | None:
+    """With TORCH_NEURONX_RETAIN_DEVICE_MODE=1, the device type the outputs return to (None: stay). Python numbers
+    (`python_scalars`, passed by Dynamo as 0-d CPU tensors) are not the user's tensors and do not count."""
     if not env.get("TORCH_NEURONX_RETAIN_DEVICE_MODE"):
         return None
-    kinds = sorted({x.device.type for x in example_inputs if isinstance(x, torch.Tensor)})
+    kinds = sorted({x.device.type for i, x in enumerate(example_inputs)
+                    if isinstance(x, torch.Tensor) and i not in python_scalars})
     if len(kinds) > 1:
         raise NEFFExecutionError(f"cannot mix input devices with TORCH_NEURONX_RETAIN_DEVICE_MODE=1, got "
                                  f"{' and '.join(kinds)}: move every input (and the model) to one device")

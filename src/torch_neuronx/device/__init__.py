@@ -30,10 +30,10 @@ from torch_neuronx.device._lazy import (  # _is_in_bad_fork and _lazy_call are t
     _initialize,
     _is_in_bad_fork,  # noqa: F401
     _lazy_call,  # noqa: F401
-    _lazy_init,
     is_initialized,
     launch_blocking,
 )
+from torch_neuronx.device._lazy import _lazy_init as _initialize_now
 from torch_neuronx.device.memory import (
     empty_cache,
     max_memory_allocated,
@@ -91,7 +91,21 @@ def is_available() -> bool:
 
 def init() -> None:
     """Initialise the device now rather than on first use."""
-    _lazy_init()
+    _initialize_now()
+
+
+def _lazy_init() -> None:
+    """What PyTorch calls before it touches the device (torch/csrc/utils/device_lazy_init.cpp calls
+    ``torch.<backend>._lazy_init``): before a factory call, but also in ``torch.accelerator.set_device_index``
+    and ``current_device_index``.
+
+    Selecting a device must leave the runtime untouched, so that ``init_process_group("neuron")`` can still
+    start it (Transformers' ``_bind_local_device`` calls ``set_device_index(LOCAL_RANK)`` first). The C++ core
+    initialises the device itself on its first real use (an allocation, a generator, a stream), so here only a
+    forked child of a process that used the device is refused, as torch.cuda refuses it.
+    """
+    if _C._in_bad_fork():
+        _initialize_now()  # raises, telling the user to use spawn
 
 
 def set_device(device: _device_t) -> None:

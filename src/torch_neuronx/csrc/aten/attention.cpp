@@ -22,6 +22,7 @@
 // seed, and a mask that needs a gradient) keep CPU's op.
 #include "../neuron.h"
 
+#include <ATen/OpMathType.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/native/transformers/sdp_utils_cpp.h>
 #include <ATen/ops/_fused_sdp_choice_native.h>
@@ -40,8 +41,10 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const a
   const int64_t choice =
       at::native::_fused_sdp_choice_cpp(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
   const bool mask_needs_grad = attn_mask.has_value() && attn_mask->defined() && attn_mask->requires_grad();
+  // float64 keeps CPU's flash op, whose log-sum-exp is float64 too (efficient attention's is float32, as on CUDA,
+  // where float64 takes the math path): gradients equal CPU's bit for bit and gradcheck holds.
   if (choice == static_cast<int64_t>(sdp::SDPBackend::flash_attention) && dropout_p == 0.0 && !enable_gqa &&
-      !mask_needs_grad) {
+      !mask_needs_grad && query.scalar_type() != at::kDouble) {
     return static_cast<int64_t>(sdp::SDPBackend::efficient_attention);
   }
   return choice;
@@ -87,8 +90,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_b
   std::optional<at::Tensor> mask;
   if (attn_bias.defined()) mask = attn_bias;
   auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-      grad_out, query, key, value, out, logsumexp.narrow(2, 0, queries).contiguous(), dropout_p, is_causal, mask,
-      scale);
+      grad_out, query, key, value, out,
+      // CPU's flash backward wants the log-sum-exp in the accumulation type of the inputs (float64 for float64);
+      // efficient attention's is float32 whatever the inputs.
+      logsumexp.narrow(2, 0, queries).to(at::toOpMathType(query.scalar_type())).contiguous(), dropout_p, is_causal,
+      mask, scale);
   return {gq, gk, gv, at::Tensor()};
 }
 

@@ -133,6 +133,8 @@ AllocSettings parse(const char* env) {
     if (colon == std::string::npos) bad(item, "key:value");
     const std::string key = trim(item.substr(0, colon));
     const std::string value = trim(item.substr(colon + 1));
+    // A setting without a key or without a value (":", "foo:") is malformed whatever the key: docs/memory.md.
+    if (key.empty() || value.empty()) bad(item, "key:value, with both a key and a value");
     if (key == "max_split_size_mb") {
       s.max_split_size = parse_mib(item, key, value);
     } else if (key == "max_non_split_rounding_mb") {

@@ -158,6 +158,15 @@ void set_current_device(c10::DeviceIndex index) {
     t_current_device = index;
     return;
   }
+  if (!g_initialized.load(std::memory_order_acquire) && !t_initializing) {
+    // Before the device initialises, the device guard (torch.accelerator.set_device_index, Transformers'
+    // _bind_local_device before init_process_group) only records the choice, as torch.neuron.set_device does:
+    // starting the runtime here would make the process group refuse to start. The index is checked against the
+    // visible cores when it is first used.
+    TORCH_CHECK_INDEX(index >= 0 && index < kMaxDevices, "Invalid device ordinal neuron:", static_cast<int>(index));
+    t_current_device = index;
+    return;
+  }
   if (g_attached >= 0) {
     // Under a process group only the range is checked here: PyTorch's autograd engine gives each device
     // index a worker thread that selects its index, attached or not; using an unattached index raises

@@ -1,0 +1,158 @@
+"""Python numbers that change between calls of a graph compiled for "neuron" (issue 34, item 1).
+
+Dynamo passes a Python float it does not specialise (a float argument, a float
+attribute, an optimizer's learning rate) to the backend as a 0-d CPU tensor
+that the graph reads with ``item()``. Each case runs several calls with
+changing values, compared with Inductor on CPU: values within float rounding,
+and the same number of graphs (when Dynamo must specialise a value, the
+recompile is Dynamo's, on both backends, and the neuron metrics name its reason).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+
+import torch_neuronx
+from torch_neuronx.compile import metrics
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> None:
+    torch._dynamo.reset()
+    counters.clear()
+    torch_neuronx.reset_dynamo_metrics()
+
+
+def _graphs() -> int:
+    """Graphs Dynamo compiled since the last reset (the same counter for every backend)."""
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _on_both(run: Callable[[str, str], Any]) -> tuple[Any, int, Any, int]:
+    """`run(device, backend)` on neuron and with Inductor on CPU: (neuron result, its graphs, CPU result, graphs)."""
+    neuron = run("neuron", "neuron")
+    neuron_graphs = _graphs()
+    torch._dynamo.reset()
+    counters.clear()
+    cpu = run("cpu", "inductor")
+    return neuron, neuron_graphs, cpu, _graphs()
+
+
+def _adamw_with_linear_lr(device: str, backend: str) -> list[torch.Tensor]:
+    """PyTorch's compiled-optimizer tutorial: AdamW + LinearLR, `opt.step(); sched.step()` compiled together."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3).to(device)
+    # foreach=True on both: the path AdamW picks by itself for an accelerator's parameters.
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, foreach=True)
+    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1.0, end_factor=0.25, total_iters=4)
+
+    @torch.compile(backend=backend)
+    def step() -> None:
+        opt.step()
+        sched.step()
+
+    x = torch.randn(8, 4).to(device)
+    for _ in range(2):
+        opt.zero_grad()
+        model(x).square().sum().backward()
+        step()
+    return [p.detach().cpu() for p in model.parameters()]
+
+
+def test_compiled_adamw_step_with_a_float_learning_rate_schedule_matches_inductor() -> None:
+    # Reference: the same Dynamo graphs run by the "eager" backend on CPU (Inductor's CPU compile of a foreach
+    # optimizer step costs as much as the neuron one; its values equal eager's within float rounding).
+    neuron = _adamw_with_linear_lr("neuron", "neuron")
+    neuron_graphs = _graphs()
+    torch._dynamo.reset()
+    counters.clear()
+    cpu = _adamw_with_linear_lr("cpu", "eager")
+    for a, b in zip(neuron, cpu, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # The foreach path makes Dynamo specialise the learning rate: one graph per value, on CPU too. The neuron
+    # metrics count each recompile and give Dynamo's reason.
+    assert neuron_graphs == _graphs() == 2
+    reasons = metrics.snapshot()["recompile_reasons"]
+    assert len(reasons) == neuron_graphs - 1
+    assert all("['lr']" in r["reason"] for r in reasons), reasons
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.alpha = 0.5
+
+    def forward(self, x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        return self.lin(x) * self.alpha / temperature
+
+
+_VALUES = ((1.0, 0.5), (0.7, 0.5), (0.3, 0.25), (2.0, 1.5))  # (temperature kwarg, alpha attribute) per call
+
+
+def _scaled_calls(device: str, backend: str) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = _Scaled().to(device)
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    x = torch.randn(2, 4).to(device)
+    out = []
+    for temperature, alpha in _VALUES:
+        model.alpha = alpha
+        out.append(compiled(x, temperature=temperature).detach().cpu())
+    return out
+
+
+def test_float_kwarg_and_float_attribute_changed_between_calls_fullgraph() -> None:
+    neuron, neuron_graphs, cpu, cpu_graphs = _on_both(_scaled_calls)
+    for a, b in zip(neuron, cpu, strict=True):
+        torch.testing.assert_close(a, b)
+    # The first values, then one graph per float that changed, which then takes it as an input (Dynamo's automatic
+    # dynamic): the temperature, then the attribute. Later values compile nothing.
+    assert neuron_graphs == cpu_graphs == 3
+
+
+def test_float_with_a_model_left_on_the_cpu_and_autocopy_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    model = _Scaled()
+    compiled = torch.compile(model, backend="neuron")
+    x = torch.randn(2, 4)
+    for temperature, _ in _VALUES[:3]:  # CPU autocopy: the model's tensors are copied, the float is read
+        out = compiled(x, temperature=temperature)
+        assert out.device.type == "neuron"
+        torch.testing.assert_close(out.cpu(), model(x, temperature=temperature))
+    # Autocopy off: only tensors the user can move are refused; a Python float is not one of them.
+    monkeypatch.setenv("TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY", "1")
+    torch._dynamo.reset()
+    on_device = _Scaled().to("neuron")
+    on_device.load_state_dict(model.state_dict())
+    compiled = torch.compile(on_device, backend="neuron", fullgraph=True)
+    for temperature, _ in _VALUES[:3]:
+        out = compiled(x.to("neuron"), temperature=temperature)
+        torch.testing.assert_close(out.cpu(), model(x, temperature=temperature))
+
+
+def test_dropout_with_a_changing_probability() -> None:
+    def drop(x: torch.Tensor, p: float) -> torch.Tensor:
+        return F.dropout(x, p, training=True)
+
+    compiled = torch.compile(drop, backend="neuron", fullgraph=True)
+    x = torch.ones(4096, device="neuron")
+    for p in (0.1, 0.5, 0.8):
+        y = compiled(x, p).cpu()
+        kept = y[y != 0]
+        # Kept elements are scaled by 1 / (1 - p), as on CPU; the dropped fraction is p within 5 standard errors.
+        torch.testing.assert_close(kept, torch.full_like(kept, 1 / (1 - p)))
+        assert abs((y == 0).float().mean().item() - p) < 5 * (p * (1 - p) / x.numel()) ** 0.5
+        torch.manual_seed(7)
+        first = compiled(x, p).cpu()
+        torch.manual_seed(7)
+        torch.testing.assert_close(compiled(x, p).cpu(), first)  # one seed, one mask
+    # F.dropout needs p as a constant: Dynamo specialises it (the same on CPU), and the metrics say why.
+    reasons = [r["reason"] for r in metrics.snapshot()["recompile_reasons"]]
+    assert len(reasons) == 2 and all("p ==" in r for r in reasons), reasons
