@@ -89,9 +89,10 @@ def test_size_classes_match_the_allocator(nbytes: int) -> None:
 
 
 def test_tp_that_does_not_divide_the_heads_is_refused() -> None:
-    # Transformers itself would fail later inside attention with a reshape error
-    with pytest.raises(PlanError, match=r"key/value heads \(2\) not divisible by TP=4.*Valid TP degrees: \[1, 2\]"):
-        plan(tiny_llama(), instance="trn2.3xlarge", global_batch=4, seq_len=32, layouts=[(4, 1, 1)])
+    # Transformers itself would fail later inside attention with a reshape error; TP 4 over 2 KV heads replicates
+    # them (NxD's kv_size_multiplier, tests/tools/test_plan_kv_replication.py), TP 8 over 4 query heads cannot run
+    with pytest.raises(PlanError, match=r"attention heads \(4\) not divisible by TP=8.*Valid TP degrees: \[1, 2, 4\]"):
+        plan(tiny_llama(), instance="trn1.32xlarge", global_batch=32, seq_len=32, layouts=[(8, 4, 1)])
 
 
 def test_world_the_instances_cannot_host_is_refused() -> None:
@@ -132,7 +133,9 @@ def test_llama3_8b_parameters_and_layouts(llama3_8b: Path) -> None:
     result = plan(llama3_8b, instance="trn1.32xlarge", global_batch=32, seq_len=4096, checkpointing="full")
     assert result.model.total_params == 8_030_261_248  # Meta-Llama-3-8B's published parameter count
     names = {(lp.layout.tp, lp.layout.fsdp, lp.layout.dp) for lp in result.layouts}
-    assert (8, 4, 1) in names and all(tp <= 8 for tp, _, _ in names)  # 8 KV heads bound TP
+    # TP up to 32 (the instance): above the 8 KV heads they are replicated (NxD), and the plan says so
+    assert (8, 4, 1) in names and (32, 1, 1) in names and all(tp <= 32 for tp, _, _ in names)
+    assert any("above the 8 key/value heads" in n for n in result.notes)
     four_by_eight = result.find(8, 4)
     assert four_by_eight.fits and four_by_eight.memory.total < 16 << 30
     scopes = {(c.group, c.collective): c.scope for c in four_by_eight.comm}
@@ -187,9 +190,9 @@ def test_cli_reports_bad_input_with_exit_status_2(llama3_8b: Path, capsys: pytes
     parser = argparse.ArgumentParser()
     plan_cli.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["plan", str(llama3_8b), "--instance", "trn1.32xlarge", "--global-batch", "32",
-                              "--seq-len", "4096", "--layout", "16x2"])
+                              "--seq-len", "4096", "--layout", "3x2"])
     assert plan_cli.run(args) == 2
-    assert "key/value heads (8) not divisible by TP=16" in capsys.readouterr().err
+    assert "attention heads (32) not divisible by TP=3" in capsys.readouterr().err
 
 
 def test_cli_takes_lengths_from_a_dataset_on_disk(tmp_path: Path, llama3_8b: Path,

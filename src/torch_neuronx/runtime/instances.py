@@ -29,10 +29,13 @@ class Chip(NamedTuple):
     neuronlink_gbps: float  # chip-to-chip NeuronLink bandwidth, GB/s per chip (0: a single-chip part)
 
 
-TRN1 = Chip(name="trn1", core_version="v2", physical_cores=2, hbm_bytes=32 * GIB, hbm_bandwidth_gbps=820.0,
+# Trainium's HBM: "32 GiB of device memory ... with 820 GiB/sec of bandwidth" (AWS, about-neuron/arch/neuron-hardware/
+# trainium.rst): 820 x 2^30 B/s = 880.47 GB/s
+TRN1_HBM_GBPS = 820 * GIB / 1e9
+TRN1 = Chip(name="trn1", core_version="v2", physical_cores=2, hbm_bytes=32 * GIB, hbm_bandwidth_gbps=TRN1_HBM_GBPS,
             bf16_tflops=190.0, fp32_tflops=47.5, sbuf_bytes=24 << 20, psum_bytes=2 << 20, supports_lnc2=False,
             neuronlink_gbps=384.0)
-TRN1N = Chip(name="trn1n", core_version="v2", physical_cores=2, hbm_bytes=32 * GIB, hbm_bandwidth_gbps=820.0,
+TRN1N = Chip(name="trn1n", core_version="v2", physical_cores=2, hbm_bytes=32 * GIB, hbm_bandwidth_gbps=TRN1_HBM_GBPS,
              bf16_tflops=190.0, fp32_tflops=47.5, sbuf_bytes=24 << 20, psum_bytes=2 << 20, supports_lnc2=False,
              neuronlink_gbps=768.0)
 INF2 = Chip(name="inf2", core_version="v2", physical_cores=2, hbm_bytes=32 * GIB, hbm_bandwidth_gbps=820.0,

@@ -32,3 +32,18 @@ def tiny_mistral() -> Any:
     return MistralConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=64, pad_token_id=0,
                          bos_token_id=2, eos_token_id=3)
+
+
+# The example outputs of docs/plan.md: each "$ torch-neuronx plan ..." block there is the tool's own output, which
+# tests/tools/test_plan_docs.py regenerates from these inputs (the measured lines of a --measure example come from a
+# real run and are kept as they are: measuring is a multi-process run, too slow for the example test).
+EXAMPLE_MODELS = {"Meta-Llama-3-8B": LLAMA3_8B, "Llama-3.1-70B": LLAMA31_70B}
+
+
+def example_lengths(n: int = 10_000, seed: int = 0) -> list[int]:
+    """A length distribution for the padding example: log-normal, median 666 tokens, capped at 4096."""
+    import math
+    import random
+
+    rng = random.Random(seed)
+    return [max(1, min(4096, round(math.exp(rng.gauss(math.log(666), 0.8))))) for _ in range(n)]

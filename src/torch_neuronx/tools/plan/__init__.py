@@ -6,11 +6,13 @@
 
 For a model (a Hugging Face config or model directory, a config object, or
 ``module:function``) and instances, it enumerates every TP x PP x FSDP x DP
-layout the model allows (optionally with ZeRO-1 or sequence parallelism),
+layout the model allows (optionally with ZeRO-1 or sequence parallelism; KV
+heads replicated when TP exceeds them, as NeuronX Distributed does),
 estimates each one's memory per core (allocated, the allocator's reserved
 bytes and the Neuron runtime's share), collectives per step split by links
-(chip, NeuronLink, EFA) and step time (a roofline with one efficiency factor
-fitted to AWS's published results: ``calibration.py``), ranks them, and
+(chip, NeuronLink, EFA) and step time (a roofline by op class with two
+efficiency factors fitted to part of AWS's published results and checked on
+the rest: ``calibration.py``), ranks them, and
 compares padding policies for a length distribution. ``measure=True`` runs
 the top layouts for real on emulated cores and sets the measured figures
 beside the estimates.
@@ -34,11 +36,18 @@ from torch_neuronx.tools.plan.layouts import (
     enumerate_layouts,
     hardware,
 )
-from torch_neuronx.tools.plan.memory import CHECKPOINTING, Memory, memory_per_core, runtime_reserve
+from torch_neuronx.tools.plan.memory import (
+    CHECKPOINTING,
+    FRAGMENTATION_MARGIN,
+    Memory,
+    memory_per_core,
+    runtime_reserve,
+    zero1_numel,
+)
 from torch_neuronx.tools.plan.model import ModelSpec, load
 from torch_neuronx.tools.plan.padding import policies
 from torch_neuronx.tools.plan.precision import precision as get_precision
-from torch_neuronx.tools.plan.timing import AUTOCAST, StepTime, step_time
+from torch_neuronx.tools.plan.timing import AUTOCAST, StepTime, optimizer_bytes_moved, step_time
 
 __all__ = ["LayoutPlan", "Plan", "PlanError", "plan"]
 
@@ -66,8 +75,9 @@ class LayoutPlan:
             return ""
         mem = self.memory
         stage = f" (pipeline stage {mem.stage})" if self.layout.pp > 1 else ""
-        return (f"needs {format_bytes(mem.reserved)} reserved by the allocator + {format_bytes(mem.reserve)} for the "
-                f"Neuron runtime per core{stage}, the core has {format_bytes(mem.capacity)}")
+        return (f"needs {format_bytes(mem.reserved)} reserved by the allocator + {format_bytes(FRAGMENTATION_MARGIN)} "
+                f"fragmentation margin + {format_bytes(mem.reserve)} for the Neuron runtime per core{stage}, the core "
+                f"has {format_bytes(mem.capacity)}")
 
     def as_dict(self) -> dict[str, Any]:
         lay = self.layout
@@ -119,9 +129,12 @@ def evaluate(m: ModelSpec, hw: Hardware, layout: Layout, *, precision: str, glob
              micro_batch: int, checkpointing: str, capacity: int, zero1: bool = False,
              sequence_parallel: bool = False, autocast: str = "matmult", reserve: int = 0,
              compute_efficiency: float | None = None, comm_efficiency: float | None = None,
-             causal: bool = True) -> LayoutPlan:
-    """Memory, collectives and estimated time of one layout."""
+             causal: bool = True, attention: str = "flash", hbm_efficiency: float | None = None) -> LayoutPlan:
+    """Memory, collectives and estimated time of one layout (`attention`: "flash" keeps the scores on chip,
+    "eager" writes them to HBM)."""
     prec = get_precision(precision)
+    kv_replicas = m.kv_replication(layout.tp)
+    m = m.replicated(layout.tp)  # what the TP group stores and computes: KV heads replicated when TP exceeds them
     micro_steps = global_batch // (micro_batch * layout.data_parallel)
     sp = sequence_parallel and layout.tp > 1
     zero = zero1 and layout.dp > 1
@@ -129,12 +142,14 @@ def evaluate(m: ModelSpec, hw: Hardware, layout: Layout, *, precision: str, glob
                           zero1=zero, sp=sp, reserve=reserve)
     stages = sorted({0, layout.pp - 1})
     comms = {s: collectives(m, hw, layout, prec, micro_batch, seq_len, micro_steps, checkpointing, zero1=zero,
-                            sp=sp, stage=s) for s in stages}
-    state = mem.params + mem.grads
-    opt_bytes = (state // layout.dp if zero else state) + mem.optimizer
+                            sp=sp, stage=s, kv_replicas=kv_replicas) for s in stages}
+    gathered = zero1_numel(m, layout, mem.stage)  # the TP-local parameters this core computes with
+    state = gathered // layout.dp if zero else mem.params // prec.param
+    opt_bytes = optimizer_bytes_moved(state, prec, micro_steps, gathered)
     time = step_time(m, hw, layout, prec, global_batch, seq_len, micro_steps, comms, checkpointing, opt_bytes,
                      micro_batch=micro_batch, autocast=autocast, zero1=zero, compute_efficiency=compute_efficiency,
-                     comm_efficiency=comm_efficiency, causal=causal)
+                     comm_efficiency=comm_efficiency, causal=causal, sp=sp, attention=attention,
+                     hbm_efficiency=hbm_efficiency)
     return LayoutPlan(layout, mem, comms[0], time, micro_steps)
 
 
@@ -192,6 +207,8 @@ def plan(model: str | Path | Any, *, instance: str = "trn1.32xlarge", instances:
         raise PlanError("give the sequence length (seq_len) or a length distribution (lengths)")
     check_inputs(global_batch=global_batch, micro_batch=micro_batch, seq_len=seq_len, lengths=lengths,
                  max_graphs=max_graphs, instances=instances)
+    if not isinstance(measure, bool) and (not isinstance(measure, int) or measure < 0):
+        raise PlanError(f"measure={measure!r}: give True, False or how many of the best layouts to run (>= 0)")
     if autocast not in AUTOCAST:
         raise PlanError(f"autocast {autocast!r} is not one of {', '.join(AUTOCAST)}")
     if checkpointing not in CHECKPOINTING:
@@ -221,6 +238,19 @@ def plan(model: str | Path | Any, *, instance: str = "trn1.32xlarge", instances:
     else:
         chosen = [lay for lay in enumerate_layouts(m, hw, global_batch, micro_batch, pipeline)
                   if not (zero1 and lay.fsdp > 1)]
+    dropped: list[Layout] = []
+    if sequence_parallel:
+        problems = {lay: sp_problem(lay, seq) for lay in chosen}
+        if layouts is not None:
+            bad = [f"{lay.name}: {why}" for lay, why in problems.items() if why]
+            if bad:
+                raise PlanError("; ".join(bad))
+        dropped = [lay for lay, why in problems.items() if why]
+        chosen = [lay for lay in chosen if not problems[lay]]
+        if not chosen:
+            raise PlanError(f"sequence parallelism splits the sequence over TP, and {seq} tokens divide by no TP "
+                            "degree this model allows above 1: pad the sequence to a multiple of TP, or plan "
+                            "without --sequence-parallel")
     evaluated = [evaluate(m, hw, lay, precision=precision, global_batch=global_batch, seq_len=seq,
                           micro_batch=micro_batch, checkpointing=checkpointing, capacity=capacity, zero1=zero1,
                           sequence_parallel=sequence_parallel, autocast=autocast, reserve=reserve) for lay in chosen]
@@ -235,11 +265,29 @@ def plan(model: str | Path | Any, *, instance: str = "trn1.32xlarge", instances:
                             "(--auto-cast matmult); pass autocast='none' (--autocast none) if you compile with "
                             "--auto-cast none" if autocast == "matmult" else
                             "FP32 matmuls are timed at the FP32 peak (--autocast none)")
+    replicated = sorted({lp.layout.tp for lp in evaluated if m.kv_replication(lp.layout.tp) > 1})
+    if replicated:
+        result.notes.append(f"TP {', '.join(map(str, replicated))}: above the {m.kv_heads} key/value heads, each KV "
+                            "head is replicated over TP / KV heads ranks, as NeuronX Distributed does "
+                            "(GQAQKVColumnParallelLinear, kv_size_multiplier); Transformers' tp_plan cannot, so run "
+                            "these layouts with NxD (--measure runs them with --sequence-parallel, TP alone)")
+    if dropped:
+        result.notes.append(f"left out {', '.join(lay.name for lay in dropped)}: sequence parallelism splits the "
+                            f"{seq} tokens of a sequence over TP, and they do not divide (NxD requires it; pad to a "
+                            "multiple of TP to plan them)")
     if lengths:
         result.padding = {"lengths": len(lengths), "policies": policies(lengths, max_graphs)}
     if measure:
         _measure(result, int(measure) if not isinstance(measure, bool) else 3, hbm_per_core, workdir)
     return result
+
+
+def sp_problem(layout: Layout, seq_len: int) -> str:
+    """Why sequence parallelism cannot run `layout` at `seq_len` tokens ("" when it can): the sequence is split over
+    the TP ranks (NxD and Megatron require it to divide; ``plan --measure`` refuses the same)."""
+    if layout.tp > 1 and seq_len % layout.tp:
+        return f"sequence parallelism splits the sequence over TP: {seq_len} tokens do not divide by {layout.tp}"
+    return ""
 
 
 def prec_is_bf16(name: str) -> bool:
@@ -251,12 +299,12 @@ def _measure(result: Plan, top: int, hbm_per_core: int | None, workdir: Path | N
 
     config = result.model.transformers_config()
     if config is None:
-        raise PlanError("--measure needs a Hugging Face config (config.json, model directory or a config object) to "
-                        "build the model from")
+        raise PlanError("--measure builds the model with Transformers from its config's model_type, and this config "
+                        "has none: add \"model_type\" (e.g. \"llama\") to the config")
     s = result.settings
     fitting = [lp for lp in result.layouts if lp.fits]
     why = {lp.layout: measurable(lp.layout, s["zero1"], s["precision"], s["checkpointing"], s["sequence_parallel"],
-                                 s["seq_len"]) for lp in fitting}
+                                 s["seq_len"], result.model.kv_replication(lp.layout.tp)) for lp in fitting}
     todo = [lp for lp in fitting if not why[lp.layout]][:top]
     if not todo:
         reasons = "; ".join(sorted({w for w in why.values() if w})) or "no layout fits"

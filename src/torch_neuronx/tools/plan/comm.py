@@ -22,6 +22,10 @@ reduce-scatter, the tensor of an all-reduce, the tensor of a send or recv.
   weight gradients); its vocabulary-parallel cross-entropy all-reduces three
   fp32 numbers per token instead of gathering the logits, and the norms'
   replicated weights have their gradients all-reduced once per step.
+* KV heads replicated over TP (TP above their number, NxD's
+  ``kv_size_multiplier``): backward all-reduces the K and V projections'
+  output gradients (tokens x head_dim each, per layer) over the ranks that
+  hold the same head.
 * Pipeline stages send the boundary activation forward and receive its
   gradient back, once per micro-batch.
 
@@ -125,9 +129,13 @@ def sp_collectives(layers: int, checkpointing: str) -> tuple[int, int]:
 
 def collectives(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, micro_batch: int, seq_len: int,
                 micro_steps: int, checkpointing: str = "none", *, zero1: bool = False, sp: bool = False,
-                stage: int = 0) -> list[Collective]:
+                stage: int = 0, kv_replicas: int = 1) -> list[Collective]:
     """Per-core collectives of one optimizer step (`micro_steps` micro-batches of gradient accumulation) on a core
-    of pipeline stage `stage`."""
+    of pipeline stage `stage`.
+
+    `m` is the model as the TP group runs it (:meth:`ModelSpec.replicated`); `kv_replicas` > 1: each KV head is
+    held by that many TP ranks, and backward all-reduces the gradients of the K and V projections' outputs over
+    them (NxD's "KV shared group": ranks ``kv_heads`` apart, neuronx_distributed/modules/qkv_linear.py)."""
     out: list[Collective] = []
     tp, fsdp, dp, pp = layout.tp, layout.fsdp, layout.dp, layout.pp
     first, last = stage == 0, stage == pp - 1
@@ -178,6 +186,13 @@ def collectives(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, mic
             out.append(_make(hw, "all_reduce", "tp", 1, norms, tp, 1, False))
             if last:
                 out.append(_make(hw, "all_reduce", "tp", 3 * micro_steps, 3 * tokens * 4 * micro_steps, tp, 1))
+        if kv_replicas > 1:
+            # per layer, in backward only (a recomputed forward adds none): K's and V's output gradients, the whole
+            # sequence of this rank's KV heads, summed over the ranks that hold the same head
+            kv_bytes = tokens * (m.kv_heads // tp) * m.head_dim * prec.compute
+            calls = 2 * layers
+            out.append(_make(hw, "all_reduce", "tp", calls * micro_steps, calls * kv_bytes * micro_steps,
+                             kv_replicas, tp // kv_replicas))
         if last and not sp:  # the LM head gathers the logits
             out.append(_make(hw, "all_gather_into_tensor_coalesced", "tp", micro_steps,
                              tokens * m.vocab * prec.compute * micro_steps, tp, 1))

@@ -5,8 +5,9 @@ tensor-parallel group (innermost: consecutive cores, so it stays on a chip or
 inside the instance's NeuronLink domain), FSDP shards, data-parallel
 replicas (HSDP) and pipeline stages (outermost: stages exchange only
 activations, the cheapest traffic to send across instances). Tensor
-parallelism needs the model's heads, KV heads, MLP width and experts to
-divide evenly; pipeline parallelism needs at least one decoder layer per
+parallelism needs the model's heads, MLP width and experts to divide
+evenly, and the KV heads to divide by TP or TP by them (NxD then replicates
+each KV head over TP / KV heads ranks); pipeline parallelism needs at least one decoder layer per
 stage; the global batch must split into whole micro-batches over the
 data-parallel ranks.
 """
@@ -102,11 +103,16 @@ def divisors(n: int) -> list[int]:
 
 def tp_problems(model: ModelSpec, tp: int) -> list[str]:
     """Why the model's tensors cannot be split `tp` ways (empty when they can)."""
-    checks = [("attention heads", model.heads), ("key/value heads", model.kv_heads),
-              ("MLP intermediate size", model.intermediate), ("vocabulary (split by the LM head)", model.vocab)]
+    checks = [("attention heads", model.heads), ("MLP intermediate size", model.intermediate),
+              ("vocabulary (split by the LM head)", model.vocab)]
     if model.experts:
         checks.append(("experts' intermediate size", model.expert_intermediate))
-    return [f"{what} ({n}) not divisible by TP={tp}" for what, n in checks if n % tp]
+    problems = [f"{what} ({n}) not divisible by TP={tp}" for what, n in checks if n % tp]
+    # KV heads split over TP, or (TP a multiple of them) replicated so each rank holds one: NxD's kv_size_multiplier
+    if model.kv_heads % tp and tp % model.kv_heads:
+        problems.append(f"key/value heads ({model.kv_heads}) neither divisible by TP={tp} nor dividing it (to be "
+                        "replicated)")
+    return problems
 
 
 def layout_problems(model: ModelSpec, hw: Hardware, layout: Layout, global_batch: int, micro_batch: int) -> list[str]:

@@ -24,13 +24,14 @@ split the decoder into stages and run ``torch.distributed.pipelining``'s
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torch_neuronx.tools.plan.layouts import Layout
+from torch_neuronx.tools.plan.layouts import Layout, PlanError
 
 WORKER_TIMEOUT_S = 300.0
 
@@ -48,7 +49,7 @@ def save_checkpoint(config: Any, path: Path, seed: int = 0) -> Path:
 def measure_layouts(config: Any, layouts: list[Layout], *, micro_batch: int, seq_len: int, precision: str,
                     checkpointing: str, instance: str = "trn1.32xlarge", lnc: int = 1, hbm_per_core: int | None = None,
                     workdir: Path | None = None, zero1: bool = False, sequence_parallel: bool = False,
-                    global_batch: int | None = None) -> list[dict[str, Any]]:
+                    global_batch: int | None = None, _temporary: bool = False) -> list[dict[str, Any]]:
     """Run one optimizer step of each layout for real; one dict per layout with the ranks' peak memory and comm
     bytes per group. A step is `global_batch` sequences: `global_batch / (micro_batch x FSDP x DP)` micro-batches
     of gradient accumulation per rank (default: one).
@@ -65,12 +66,14 @@ def measure_layouts(config: Any, layouts: list[Layout], *, micro_batch: int, seq
         problem = measurable(layout, zero1, precision, checkpointing, sequence_parallel, seq_len)
         if problem:
             raise ValueError(f"--measure cannot run layout {layout}: {problem}")
-    if workdir is None:
-        with tempfile.TemporaryDirectory(prefix="neuron_plan_") as tmp:
+    from torch_neuronx.runtime import processes
+
+    if workdir is None:  # SIGINT / SIGTERM stop the workers and raise (processes.Interrupted): the folder goes too
+        with processes.guarded(), tempfile.TemporaryDirectory(prefix="neuron_plan_") as tmp:
             return measure_layouts(config, layouts, micro_batch=micro_batch, seq_len=seq_len, precision=precision,
                                    checkpointing=checkpointing, instance=instance, lnc=lnc,
                                    hbm_per_core=hbm_per_core, workdir=Path(tmp), zero1=zero1,
-                                   sequence_parallel=sequence_parallel, global_batch=global_batch)
+                                   sequence_parallel=sequence_parallel, global_batch=global_batch, _temporary=True)
     work = Path(workdir)
     ckpt = save_checkpoint(config, work / "checkpoint")
     results = []
@@ -89,11 +92,13 @@ def measure_layouts(config: Any, layouts: list[Layout], *, micro_batch: int, seq
                "NEURON_LOGICAL_NC_CONFIG": str(lnc)}
         if hbm_per_core:
             env["TORCH_NEURONX_HBM_PER_CORE"] = str(hbm_per_core)
+        if _temporary:  # a SIGKILL of this process runs no cleanup: the workers' guardians remove the folder then
+            env[processes.REMOVE_ON_STARTER_EXIT] = str(work)
         cmds = [(args, {**rank_env(r, layout.world, port), **env}) for r in range(layout.world)]
-        procs = run_processes(cmds, out, WORKER_TIMEOUT_S)
+        with processes.guarded():  # a rank that fails ends its peers (they would wait for it in a collective)
+            procs = run_processes(cmds, out, WORKER_TIMEOUT_S, fail_fast=True)
         if any(p.rc != 0 for p in procs):
-            logs = "\n".join(f"=== rank {i}: {p.log()}" for i, p in enumerate(procs))
-            raise RuntimeError(f"--measure of layout {layout} failed:\n{logs}")
+            raise MeasureFailed(_failure(layout, procs))
         ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(layout.world)]
         results.append({"tp": layout.tp, "fsdp": layout.fsdp, "dp": layout.dp, "pp": layout.pp, "zero1": z,
                         "sequence_parallel": sp,
@@ -101,9 +106,33 @@ def measure_layouts(config: Any, layouts: list[Layout], *, micro_batch: int, seq
     return results
 
 
+class MeasureFailed(PlanError):
+    """A rank of a --measure run failed: the message names it, its last error line and where its log was kept."""
+
+
+def _failure(layout: Layout, procs: list[Any]) -> str:
+    """One line about the rank that failed first (the others were stopped because of it); its whole log is copied
+    out of the run's folder, which is removed, into a file the message names."""
+    failed = [i for i, p in enumerate(procs) if p.rc not in (0, None) and p.rc > 0] or \
+        [i for i, p in enumerate(procs) if p.rc != 0]
+    rank = failed[0]
+    proc = procs[rank]
+    last = next((line.strip() for line in reversed(proc.err.splitlines()) if line.strip()), "")
+    fd, log = tempfile.mkstemp(prefix=f"plan_measure_rank{rank}_", suffix=".log")
+    with os.fdopen(fd, "w") as f:
+        f.write(proc.log())
+    status = "timed out" if proc.timed_out else f"exited {proc.rc}"
+    return (f"--measure of layout {layout} failed: rank {rank} {status}"
+            f"{' (' + last[:200] + ')' if last else ''}; its log: {log}")
+
+
 def measurable(layout: Layout, zero1: bool, precision: str, checkpointing: str, sequence_parallel: bool = False,
-               seq_len: int = 0) -> str:
-    """Why `layout` cannot be run by --measure ("" when it can)."""
+               seq_len: int = 0, kv_replicas: int = 1) -> str:
+    """Why `layout` cannot be run by --measure ("" when it can). `kv_replicas` > 1: TP exceeds the KV heads, which
+    only the sequence-parallel (NxD) model replicates, over the whole world (Transformers' tp_plan cannot)."""
+    if kv_replicas > 1 and not (sequence_parallel and layout.world == layout.tp):
+        return ("KV heads replicated over TP (NxD's kv_size_multiplier) are measured with --sequence-parallel and TP "
+                "alone (Transformers' tp_plan cannot replicate them)")
     if sequence_parallel and layout.tp > 1:
         if layout.pp > 1:
             return "sequence parallelism is measured with TP, FSDP and DP (without pipeline stages)"

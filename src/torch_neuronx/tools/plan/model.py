@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,25 @@ class ModelSpec:
     experts_per_token: int = 0
     expert_intermediate: int = 0
     tied_embeddings: bool = False
+    max_positions: int = 0  # max_position_embeddings: the longest sequence it serves (0: the config does not say)
     config: Any = None  # the transformers config, when there is one (for --measure)
     raw: Any = None  # the config.json's fields, when read without transformers (for --measure)
+
+    def kv_replication(self, tp: int) -> int:
+        """How many TP ranks hold each key/value head: 1 when TP divides the KV heads, else TP / KV heads.
+
+        NeuronX Distributed (and Megatron) replicate KV heads when TP exceeds their number: each rank holds the one
+        KV head its query heads use (``GQAQKVColumnParallelLinear(kv_size_multiplier=...)``,
+        aws-neuron/neuronx-distributed src/neuronx_distributed/modules/qkv_linear.py: the K and V weights repeated
+        ``kv_size_multiplier`` times before the TP split, the gradients of their outputs all-reduced over the
+        "KV shared group" in backward)."""
+        return tp // self.kv_heads if tp > self.kv_heads and tp % self.kv_heads == 0 else 1
+
+    def replicated(self, tp: int) -> ModelSpec:
+        """The shapes one TP group runs at degree `tp`: the KV heads repeated :meth:`kv_replication` times (what
+        each rank stores, computes and saves for backward is then the replicated model's 1/TP)."""
+        k = self.kv_replication(tp)
+        return self if k == 1 else replace(self, kv_heads=self.kv_heads * k)
 
     @property
     def attention_params(self) -> int:
@@ -79,6 +96,15 @@ def from_config(config: Any, name: str | None = None, raw: dict[str, Any] | None
     if missing:
         raise ValueError(f"the model config lacks {', '.join(missing)}: the planner reads decoder-only transformer "
                          "configs (Llama, Mistral, Qwen, Mixtral); pass one with these fields")
+    model_type = c.get("model_type")
+    if model_type and model_type not in MODELLED_TYPES:
+        raise ValueError(f"model_type {model_type!r} is not a model the planner models: it counts decoder-only "
+                         "transformers with a gated (SwiGLU) MLP and RMSNorm, the model types "
+                         f"{', '.join(MODELLED_TYPES)}; its figures for another architecture would be wrong")
+    if not (c.get("num_local_experts") or c.get("num_experts")) and c.get("intermediate_size") is None:
+        # no guess: a 4 x hidden MLP would make a Llama-2-7B shape 8.85B parameters
+        raise ValueError("the model config has no intermediate_size (the MLP width) and no model_type whose "
+                         "default Transformers would fill in: add intermediate_size (or model_type)")
     heads = _count(c, "num_attention_heads")
     hidden = _count(c, "hidden_size")
     experts = _count(c, "num_local_experts", 0) or _count(c, "num_experts", 0)
@@ -95,11 +121,14 @@ def from_config(config: Any, name: str | None = None, raw: dict[str, Any] | None
         name=name or (c.get("_name_or_path") or c.get("model_type") or "model"),
         vocab=_count(c, "vocab_size"), hidden=hidden, layers=_count(c, "num_hidden_layers"), heads=heads,
         kv_heads=kv_heads, head_dim=head_dim,
-        intermediate=0 if experts else (_count(c, "intermediate_size", 0) or 4 * hidden), experts=experts,
+        intermediate=0 if experts else _count(c, "intermediate_size"), experts=experts,
         experts_per_token=_count(c, "num_experts_per_tok", 0), expert_intermediate=expert_width,
-        tied_embeddings=bool(c.get("tie_word_embeddings", False)),
+        tied_embeddings=bool(c.get("tie_word_embeddings", False)), max_positions=_max_positions(c),
         config=config if hasattr(config, "to_dict") else None, raw=raw,
     )
+    if spec.total_params > MAX_PARAMETERS:
+        raise ValueError(f"the model config describes {spec.total_params:.3g} parameters, more than the planner's "
+                         f"limit of {MAX_PARAMETERS:.0e} (100x the largest published model): check the sizes")
     if experts and not (1 <= spec.experts_per_token <= experts and expert_width >= 1):
         raise ValueError(f"the MoE config needs 1 <= num_experts_per_tok <= {experts} experts and an expert width "
                          f"(moe_intermediate_size or intermediate_size); it has num_experts_per_tok="
@@ -107,6 +136,14 @@ def from_config(config: Any, name: str | None = None, raw: dict[str, Any] | None
     return spec
 
 
+# The architectures whose shapes ModelSpec counts right: decoder-only, SwiGLU MLP (3 matrices), RMSNorm, no shared
+# experts. GPT-NeoX (2-matrix GELU MLP, LayerNorm with biases) would count 27.2B for its 20.55B; BERT 434M for 335M.
+MODELLED_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe")
+
+# Sizes beyond these describe no trainable model: refused, so the arithmetic never prints nonsense (2^40 everywhere
+# would be 9.3e27 parameters). The largest published dense and MoE models are about 2e12 parameters.
+MAX_PARAMETERS = 10 ** 14
+MAX_CONFIG_BYTES = 64 << 20  # config.json files are a few KiB
 _LIMIT = 1 << 40  # no real model has a dimension near this; beyond it the arithmetic only produces nonsense
 
 
@@ -117,10 +154,46 @@ def _count(c: dict[str, Any], key: str, default: int | None = None) -> int:
         if default is None:
             raise ValueError(f"the model config lacks {key}")
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= _LIMIT \
+    high = _BOUNDS.get(key, _LIMIT)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= high \
             or value != int(value):
-        raise ValueError(f"the model config has {key}={value!r}: it must be a whole number between 1 and 2**40")
+        raise ValueError(f"the model config has {key}={value!r}: it must be a whole number between 1 and {high:,}")
     return int(value)
+
+
+# Per-dimension bounds, each far above every published model (Llama-3.1-405B: 126 layers, hidden 16,384, MLP 53,248;
+# Gemma: vocabulary 256,000) and below where the figures stop meaning anything (2^40 layers of hidden 1 plan as
+# 9.9e12 parameters under MAX_PARAMETERS)
+_BOUNDS = {"num_hidden_layers": 10_000, "hidden_size": 1 << 20, "vocab_size": 1 << 24, "intermediate_size": 1 << 22,
+           "moe_intermediate_size": 1 << 22, "num_attention_heads": 1 << 14, "num_key_value_heads": 1 << 14,
+           "head_dim": 1 << 14, "num_local_experts": 1 << 14, "num_experts": 1 << 14, "num_experts_per_tok": 1 << 14}
+
+
+# Where configs keep their longest sequence: Llama/Mistral/Qwen (max_position_embeddings), GPT-2 (n_positions),
+# others (max_sequence_length, seq_length)
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+# Integer fields checked before transformers sees a config: it divides by some (0 heads -> ZeroDivisionError)
+# and rejects strings with a many-line traceback
+_INTEGER_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                 "head_dim", "intermediate_size", "num_local_experts", "num_experts", "num_experts_per_tok",
+                 "moe_intermediate_size", *_POSITION_KEYS)
+
+
+def _max_positions(c: dict[str, Any]) -> int:
+    """The longest sequence (prompt + output) the model's position embeddings cover; 0 when the config does not
+    say."""
+    for key in _POSITION_KEYS:
+        if c.get(key) is not None:
+            return _count(c, key)
+    return 0
+
+
+def check_fields(data: dict[str, Any]) -> None:
+    """Raise ValueError (one line) for a config field the planner reads that is not a whole positive number, or a
+    head count that does not divide; before transformers builds a config from it."""
+    for key in _INTEGER_KEYS:
+        if data.get(key) is not None and not (key in ("num_local_experts", "num_experts") and data[key] == 0):
+            _count(data, key)
 
 
 def _self_contained(data: dict[str, Any]) -> bool:
@@ -139,15 +212,33 @@ def _transformers_config(data: dict[str, Any]) -> Any:
     model_type = data.pop("model_type", None)
     if model_type is None:
         return None
-    return AutoConfig.for_model(model_type, **data)
+    if not isinstance(model_type, str):
+        raise ValueError(f"the model config has model_type={model_type!r}: it must be a name such as 'llama'")
+    try:
+        return AutoConfig.for_model(model_type, **data)
+    except Exception as exc:  # transformers' own checks: unknown model_type, bad field values; one line
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ValueError(f"transformers cannot build a {model_type} config from it ({type(exc).__name__}: "
+                         f"{first[:200]})") from None
 
 
 def load(spec: str | Path | Any) -> ModelSpec:
     """Read a model spec: a config object, a config.json, a model directory, or ``module:function``."""
+    if isinstance(spec, ModelSpec):
+        return spec
     if not isinstance(spec, str | Path):
         return from_config(spec)
     text = str(spec)
+    if not text.strip():
+        raise ValueError("MODEL is empty: give a config.json, a model directory or module:function")
     path = Path(text)
+    try:
+        path.stat()  # a path the system refuses (longer than PATH_MAX, a symlink loop) says so here, in one line
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as exc:
+        shown = text if len(text) <= 120 else f"{text[:60]}...{text[-40:]} ({len(text):,} characters)"
+        raise ValueError(f"cannot read MODEL {shown}: {exc.strerror or exc}") from None
     if path.is_dir():
         path = path / "config.json"
         if not path.exists():
@@ -155,12 +246,22 @@ def load(spec: str | Path | Any) -> ModelSpec:
     if path.suffix == ".json" or path.exists():
         if not path.exists():
             raise ValueError(f"no such config file: {path}")
+        if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:  # a FIFO or /dev/zero would never end
+            raise ValueError(f"{path} is not a config.json (not a regular file, or over "
+                             f"{MAX_CONFIG_BYTES >> 20} MiB)")
         try:
             data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise ValueError(f"cannot read the model config {path} as JSON ({exc})") from None
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise ValueError(f"cannot read the model config {path} as JSON ({type(exc).__name__}: "
+                             f"{(str(exc).splitlines() or [''])[0][:200]})") from None
         if not isinstance(data, dict):
             raise ValueError(f"{path} holds a JSON {type(data).__name__}, not a config object")
+        check_fields(data)
+        moe = data.get("num_local_experts") or data.get("num_experts")
+        if data.get("model_type") in MODELLED_TYPES and not moe and data.get("intermediate_size") is None:
+            # Transformers would fill in its default (LlamaConfig: 11008, a Llama-3.1-70B would plan as 35.8B)
+            raise ValueError(f"{path} has no intermediate_size (the MLP width): Transformers would fill in its "
+                             f"{data['model_type']} default, which is another model's; add intermediate_size")
         name = path.parent.name if path.name == "config.json" else path.stem
         if _self_contained(data):  # every field the planner reads is there: no need to import transformers (slow)
             return from_config(data, name=name, raw=data)
@@ -176,10 +277,24 @@ def _from_builder(text: str) -> ModelSpec:
         fn = getattr(importlib.import_module(module_name), fn_name)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"cannot import {text!r} ({exc}): give 'package.module:function' on the Python path") from exc
+    except (Exception, SystemExit) as exc:  # the module itself fails: raises at import, a SyntaxError, sys.exit()
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise ValueError(f"cannot import {text!r}: importing {module_name} raised {type(exc).__name__}"
+                         f"{': ' + first if first else ''}") from None
+    if not callable(fn):
+        raise ValueError(f"{text} is a {type(fn).__name__}, not a function: give 'package.module:function' naming a "
+                         "function that returns a model or a config")
     import torch
 
-    with torch.device("meta"):
-        built = fn()
+    try:
+        with torch.device("meta"):
+            built = fn()
+    except SystemExit as exc:  # sys.exit() / exit() inside the builder: it must not end the planner with status 0
+        raise ValueError(f"{text}() raised SystemExit({exc.code!r}): a builder must return a model or a config, "
+                         "not exit") from None
+    except Exception as exc:  # the user's builder: whatever it raises, in one line
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise ValueError(f"{text}() raised {type(exc).__name__}{': ' + first if first else ''}") from None
     config = getattr(built, "config", built)
     if not hasattr(config, "to_dict") and not isinstance(config, dict):
         raise ValueError(f"{text} returned {type(built).__name__}, which has no Hugging Face config: return a model "

@@ -26,15 +26,27 @@ from torch_neuronx.compile.bucketing import (
     propose_buckets,
 )
 
+MAX_LENGTHS_BYTES = 256 << 20  # 256 MiB: tens of millions of lengths, far more than a plan needs
+
 
 def read_lengths(path: str | Path) -> list[int]:
     """Sequence lengths from a file: one integer per line or whitespace/comma separated, or a flat JSON list."""
+    file = Path(path)
     try:
-        text = Path(path).read_text()
+        # a FIFO or a device would block or never end: only a regular file of bounded size is read
+        if file.exists() and not file.is_file():
+            raise ValueError(f"--lengths {path}: not a regular file; give a file of sequence lengths")
+        if file.exists() and file.stat().st_size > MAX_LENGTHS_BYTES:
+            raise ValueError(f"--lengths {path}: over {MAX_LENGTHS_BYTES >> 20} MiB; give at most a few million "
+                             "lengths (a sample of the data set plans the same)")
+        text = file.read_text()
     except FileNotFoundError:
         raise ValueError(f"--lengths {path}: no such file; give a file of sequence lengths") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--lengths {path}: cannot read it as text ({exc})") from None
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        text = str(path)
+        shown = text if len(text) <= 120 else f"{text[:60]}...{text[-40:]} ({len(text):,} characters)"
+        raise ValueError(f"--lengths {shown}: cannot read it as text ({why})") from None
     if text.lstrip()[:1] in ("[", "{"):
         try:
             raw = json.loads(text)

@@ -64,10 +64,10 @@ def table(data: dict[str, Any]) -> str:
         for p in data["padding"]["policies"]:
             lines.append(f"  {p['name']:<20} {p['graphs']:>3} graph(s)  waste {p['waste']:>6.1%}  throughput x"
                          f"{p['throughput_factor']:.3f}  buckets={p['buckets']}")
-    lines.append("allocated / reserved: estimated peak per core of the busiest pipeline stage (fits: reserved + the "
-                 "runtime's share <= HBM); comm/step: bytes per core as comm_stats counts them; links: chip = inside "
-                 "a chip, NL = NeuronLink, EFA = across instances; exposed: communication not hidden behind compute; "
-                 "bubble: pipeline fill and drain (1F1B)")
+    lines.append("allocated / reserved: estimated peak per core of the busiest pipeline stage (fits: reserved + "
+                 "128 MiB fragmentation margin + the runtime's share <= HBM); comm/step: bytes per core as comm_stats "
+                 "counts them; links: chip = inside a chip, NL = NeuronLink, EFA = across instances; exposed: "
+                 "communication not hidden behind compute; bubble: pipeline fill and drain (1F1B)")
     lines += [f"note: {n}" for n in data["notes"]]
     return "\n".join(lines)
 

@@ -12,7 +12,10 @@ True)``); the embedding is vocabulary-parallel, its partial sums
 reduce-scattered; the loss is a vocabulary-parallel cross-entropy (three
 fp32 all-reduces per token: the max, the sum of exponentials, the target
 logit); the norms' weights are replicated and their gradients, partial per
-sequence shard, are all-reduced once per step.
+sequence shard, are all-reduced once per step. With more TP ranks than KV
+heads, each KV head is replicated over TP / KV heads ranks, which sum the
+gradients of its K and V outputs in backward (NxD's
+``GQAQKVColumnParallelLinear(kv_size_multiplier=...)``).
 
 :class:`SequenceParallelLlama` builds this from a loaded Llama with plain
 ``torch.distributed`` collectives over one TP group, so
@@ -87,6 +90,52 @@ class _ColumnParallel(Function):
         return (grad_in, None, *grad_w)
 
 
+class _GQAColumnParallel(Function):
+    """Fused QKV with each KV head replicated over `replicas` ranks (NxD's ``GQAQKVColumnParallelLinear`` with
+    ``kv_size_multiplier``, neuronx_distributed/modules/qkv_linear.py): as :class:`_ColumnParallel`, but in backward
+    the K and V outputs' gradients (partial: only this rank's query heads read its copy) are first summed over the
+    ranks holding the same head, and their part of the input's gradient is divided by `replicas`, since the
+    reduce-scatter over TP then adds every copy's."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, kv_group: Any, replicas: int, wq: torch.Tensor,
+                wk: torch.Tensor, wv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.group, ctx.kv_group, ctx.replicas = group, kv_group, replicas
+        ctx.save_for_backward(x, wq, wk, wv)
+        full = gather_sequence(x, group)
+        return F.linear(full, wq), F.linear(full, wk), F.linear(full, wv)
+
+    @staticmethod
+    def backward(ctx: Any, gq: torch.Tensor, gk: torch.Tensor, gv: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, wq, wk, wv = ctx.saved_tensors
+        gk, gv = gk.contiguous(), gv.contiguous()
+        dist.all_reduce(gk, group=ctx.kv_group)
+        dist.all_reduce(gv, group=ctx.kv_group)
+        grad_in = gq @ wq + (gk @ wk + gv @ wv) / ctx.replicas
+        grad_in = scatter_sequence(grad_in, ctx.group)
+        full = gather_sequence(x, ctx.group).flatten(0, 1)
+        grad_w = tuple(g.flatten(0, 1).t() @ full for g in (gq, gk, gv))
+        return (grad_in, None, None, None, *grad_w)
+
+
+def kv_shared_groups(group: Any, kv_heads: int) -> Any:
+    """The process group of the ranks of `group` (TP) that hold the same replicated KV head: TP ranks ``kv_heads``
+    apart, as NxD's ``_initialize_kv_group`` builds them. Every TP group of the world must be a contiguous block of
+    ranks (TP innermost, as the DeviceMesh lays it out): each rank creates every KV group, as new_group requires."""
+    t, world = dist.get_world_size(group), dist.get_world_size()
+    ranks = sorted(dist.get_process_group_ranks(group)) if group is not None else list(range(world))
+    if ranks != list(range(ranks[0], ranks[0] + t)) or ranks[0] % t:
+        raise ValueError("KV-head replication needs each TP group to be a contiguous block of ranks (TP innermost)")
+    mine = None
+    for block in range(0, world, t):
+        for j in range(kv_heads):
+            members = [block + j + i * kv_heads for i in range(t // kv_heads)]
+            pg = dist.new_group(members)
+            if dist.get_rank() in members:
+                mine = pg
+    return mine
+
+
 class _VocabParallelCrossEntropy(Function):
     """Mean cross-entropy of vocabulary-sharded logits [b, s, V/t]; targets of -100 are ignored."""
 
@@ -131,15 +180,34 @@ def _cols(w: torch.Tensor, rank: int, t: int) -> nn.Parameter:
     return nn.Parameter(w.detach()[:, rank * n:(rank + 1) * n].clone())
 
 
+def _heads(w: torch.Tensor, heads: list[int], d: int, dim: int = 0) -> nn.Parameter:
+    """The rows (dim 0) or columns (dim 1) of these attention heads of `d` each."""
+    index = torch.cat([torch.arange(h * d, (h + 1) * d) for h in heads])
+    return nn.Parameter(w.detach().index_select(dim, index).clone())
+
+
 class _Layer(nn.Module):
-    def __init__(self, layer: Any, rank: int, t: int) -> None:
+    def __init__(self, layer: Any, rank: int, t: int, kv_group: Any = None) -> None:
         super().__init__()
         attn, mlp = layer.self_attn, layer.mlp
         # copies: the shard never aliases the model it was cut from
         self.input_layernorm = copy.deepcopy(layer.input_layernorm)
         self.post_attention_layernorm = copy.deepcopy(layer.post_attention_layernorm)
-        self.q, self.k, self.v = (_rows(p.weight, rank, t) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        self.o = _cols(attn.o_proj.weight, rank, t)
+        d = attn.head_dim
+        kv_heads = attn.k_proj.weight.shape[0] // d
+        self.kv_group, self.replicas = kv_group, max(1, t // kv_heads)
+        if self.replicas > 1:
+            # NxD's layout: rank r holds KV head r mod KV (the K and V weights repeated, then split over TP) and a
+            # block of that head's query heads (o_proj's matching columns)
+            group_size, per_rank = attn.q_proj.weight.shape[0] // d // kv_heads, attn.q_proj.weight.shape[0] // d // t
+            head, block = rank % kv_heads, rank // kv_heads
+            first = head * group_size + block * per_rank
+            queries = list(range(first, first + per_rank))
+            self.q, self.o = _heads(attn.q_proj.weight, queries, d), _heads(attn.o_proj.weight, queries, d, dim=1)
+            self.k, self.v = _heads(attn.k_proj.weight, [head], d), _heads(attn.v_proj.weight, [head], d)
+        else:
+            self.q, self.k, self.v = (_rows(p.weight, rank, t) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+            self.o = _cols(attn.o_proj.weight, rank, t)
         self.gate, self.up = _rows(mlp.gate_proj.weight, rank, t), _rows(mlp.up_proj.weight, rank, t)
         self.down = _cols(mlp.down_proj.weight, rank, t)
         self.act = mlp.act_fn
@@ -149,7 +217,11 @@ class _Layer(nn.Module):
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         b, s, d = h.shape[0], cos.shape[1], self.head_dim
-        q, k, v = _ColumnParallel.apply(self.input_layernorm(h), group, self.q, self.k, self.v)
+        if self.replicas > 1:
+            q, k, v = _GQAColumnParallel.apply(self.input_layernorm(h), group, self.kv_group, self.replicas, self.q,
+                                               self.k, self.v)
+        else:
+            q, k, v = _ColumnParallel.apply(self.input_layernorm(h), group, self.q, self.k, self.v)
         q, k, v = (y.view(b, s, -1, d).transpose(1, 2) for y in (q, k, v))
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=d ** -0.5,
@@ -205,11 +277,14 @@ class SequenceParallelLlama(nn.Module):
         t, rank = dist.get_world_size(group), dist.get_rank(group)
         inner = model.model
         vocab = model.config.vocab_size
-        if vocab % t or model.config.num_key_value_heads % t:
-            raise ValueError(f"sequence parallelism over {t} ranks needs the vocabulary ({vocab}) and the key/value "
-                             f"heads ({model.config.num_key_value_heads}) to divide evenly")
+        kv_heads = model.config.num_key_value_heads
+        if vocab % t or (kv_heads % t and t % kv_heads):
+            raise ValueError(f"sequence parallelism over {t} ranks needs the vocabulary ({vocab}) to divide evenly "
+                             f"and the key/value heads ({kv_heads}) to divide by {t} or {t} by them (replicated)")
+        # TP above the KV heads: each is replicated over t / kv_heads ranks, which sum its gradients (NxD)
+        kv_group = kv_shared_groups(group, kv_heads) if t > kv_heads else None
         self.embed_tokens = _VocabParallelEmbedding(inner.embed_tokens, rank, t)
-        self.layers = nn.ModuleList(_Layer(layer, rank, t) for layer in inner.layers)
+        self.layers = nn.ModuleList(_Layer(layer, rank, t, kv_group) for layer in inner.layers)
         # copies: the shard never aliases the model it was cut from
         self.norm, self.rotary = copy.deepcopy(inner.norm), copy.deepcopy(inner.rotary_emb)
         self.lm_head = _VocabParallelHead(model.lm_head, rank, t)

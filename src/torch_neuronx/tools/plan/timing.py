@@ -2,14 +2,18 @@
 
 Per micro-batch and pipeline stage:
 
-* compute: the stage's training FLOPs (6 per parameter per token for forward
-  and backward, attention's 12 x sequence x heads x head_dim per layer, the LM
+* compute, by op class, each the larger of its compute time and its HBM
+  traffic over the bandwidth. Matmuls: the stage's training FLOPs (6 per
+  parameter per token for forward and backward, attention's 12 x sequence x heads x head_dim per layer, the LM
   head on the last stage, one more forward under full recomputation) split
   over TP, at the chip's dense peak per core times ``COMPUTE_EFFICIENCY``, or
   the stage's weights read three times at HBM bandwidth if that is slower.
   Matmuls of an FP32 model run at the BF16 peak when the compiler casts them
   (neuronx-cc's default ``--auto-cast matmult``; ``autocast="none"`` times
-  them at the FP32 peak);
+  them at the FP32 peak). The memory-bound classes (norms, residual adds,
+  the activation, RoPE, eager attention's softmax, the loss; and per step
+  the optimizer with the precision recipe's casts): their HBM bytes at the
+  core's bandwidth times ``HBM_EFFICIENCY`` (:func:`vector_bytes`);
 * tensor-parallel collectives and pipeline sends: on the critical path;
 * FSDP's gathers and reduce-scatters: overlapped with the micro-batch's
   compute (FSDP2 prefetches), only the excess is exposed.
@@ -18,7 +22,7 @@ A step is ``micro-batches + stages - 1`` slots of the slowest stage's
 micro-batch (1F1B: the pipeline fills and drains once per step), then the
 data-parallel gradient reduction (HSDP's all-reduce overlaps the last
 micro-batch's backward; ZeRO-1's reduce-scatter and parameter all-gather do
-not), then AdamW's pass over the state at HBM bandwidth.
+not), then AdamW's pass over the state (:func:`optimizer_bytes_moved`).
 
 A collective's time is the sum over the links it crosses of the bytes each
 core moves there (``comm.level_bytes``: a hierarchical ring) over the core's
@@ -26,8 +30,9 @@ share of that link's bandwidth (HBM inside a chip, NeuronLink per chip /
 cores per chip, EFA per instance / cores per instance: every core runs its
 own group's collective at once) times ``COMM_EFFICIENCY``.
 
-The two efficiency factors are fitted to AWS's published Trainium training
-results (``calibration.py``, docs/plan.md).
+``COMPUTE_EFFICIENCY`` and ``HBM_EFFICIENCY`` are fitted to part of AWS's
+published Trn1 training results and checked against the rest
+(``calibration.py``, docs/plan.md); ``COMM_EFFICIENCY`` is assumed.
 """
 
 from __future__ import annotations
@@ -41,9 +46,15 @@ from torch_neuronx.tools.plan.precision import Precision
 from torch_neuronx.tools.plan.tensors import stage_layers
 
 # Fitted by torch_neuronx.tools.plan.calibration.fit on the rows marked "fitted" there (docs/plan.md).
-COMPUTE_EFFICIENCY = 0.33
+COMPUTE_EFFICIENCY = 0.39  # share of the tensor engine's dense peak the matmuls attain
+HBM_EFFICIENCY = 0.67  # share of the HBM bandwidth the memory-bound passes (norms, activations, optimizer) attain
 COMM_EFFICIENCY = 0.70  # share of the link bandwidth a ring collective attains
 AUTOCAST = ("matmult", "none")
+# Eager attention's passes over the scores (heads x S per token), as Transformers' eager path runs them: written by
+# the QK matmul, scaled (read, write), masked (read, write), softmax (read, write), dropout (read, mask written,
+# output written), read by the PV matmul
+EAGER_SCORE_PASSES = 11
+ATTENTION = ("flash", "eager")
 
 
 @dataclass(frozen=True)
@@ -56,11 +67,13 @@ class StepTime:
     bubble: float = 0.0  # pipeline fill and drain
     optimizer: float = 0.0
     comm_by_scope: tuple[tuple[str, float], ...] = ()  # seconds per step, by links
+    by_class: tuple[tuple[str, float], ...] = ()  # seconds per step of the slowest stage, by op class
 
     def as_dict(self) -> dict[str, object]:
         return {"compute": self.compute, "comm": self.comm, "exposed_comm": self.exposed_comm,
                 "pipeline_bubble": self.bubble, "optimizer": self.optimizer, "total": self.total,
-                "tokens_per_s": self.tokens_per_s, "comm_by_scope": dict(self.comm_by_scope)}
+                "tokens_per_s": self.tokens_per_s, "comm_by_scope": dict(self.comm_by_scope),
+                "compute_by_class": dict(self.by_class)}
 
 
 def layer_flops_per_token(m: ModelSpec, seq_len: int, causal: bool = True) -> float:
@@ -112,36 +125,110 @@ def core_peak(hw: Hardware, prec: Precision, autocast: str) -> float:
     return (chip.bf16_tflops if bf16 else chip.fp32_tflops) * 1e12 / hw.cores_per_chip
 
 
+def hbm_per_core(hw: Hardware) -> float:
+    """Bytes per second of HBM one core gets when every core streams at once."""
+    return hw.instance.chip.hbm_bandwidth_gbps * 1e9 / hw.cores_per_chip
+
+
+def vector_bytes(m: ModelSpec, layout: Layout, prec: Precision, micro_batch: int, seq_len: int, checkpointing: str,
+                 stage: int, sp: bool = False, attention: str = "flash") -> dict[str, float]:
+    """HBM bytes one core moves for one micro-batch's memory-bound passes on pipeline stage `stage`, by op class.
+
+    Every pass reads its inputs and writes its output once at its element size (``prec.compute``; a norm's or a
+    softmax's FP32 intermediates stay on chip, in the compiler's fused kernel). Per decoder layer, forward: two
+    norms (read, write), two residual adds (two reads, one write), the activation (SwiGLU: silu of the gate, its
+    product with up: five MLP-wide passes), RoPE on q and k (read, write, cos/sin), and with ``attention="eager"``
+    the materialised scores (``EAGER_SCORE_PASSES`` over them; a flash kernel keeps them on chip). Backward moves
+    twice the forward's bytes (the incoming gradient and the saved input read, the outgoing gradient written), full
+    recomputation one forward more. H-wide passes are split over TP under sequence parallelism; the loss upcasts
+    the vocabulary-wide logits (last stage)."""
+    tp = layout.tp
+    x = prec.compute
+    tokens = micro_batch * seq_len
+    h_tokens = tokens / tp if sp and tp > 1 else tokens
+    q, kv = m.heads * m.head_dim / tp, m.kv_heads * m.head_dim / tp
+    width = (m.expert_intermediate * m.experts_per_token if m.experts else m.intermediate) / tp
+    fwd = {
+        "norms": 2 * h_tokens * m.hidden * 2 * x,
+        "residual": 2 * h_tokens * m.hidden * 3 * x,
+        "activation": tokens * width * 5 * x,
+        "rope": tokens * (q + kv) * 3 * x,
+        "softmax": tokens * (m.heads / tp) * seq_len * EAGER_SCORE_PASSES * x if attention == "eager" else 0.0,
+    }
+    factor = passes(checkpointing) * stage_layers(m.layers, layout.pp, stage)
+    out = {k: v * factor for k, v in fwd.items()}
+    if stage == layout.pp - 1:  # cross-entropy: the logits read and upcast, softmax and its gradient in FP32
+        out["loss"] = tokens * m.vocab / tp * (2 * x + 4 * 4)
+    return out
+
+
+def optimizer_bytes_moved(state_elements: float, prec: Precision, micro_steps: int, gathered_elements: float) -> float:
+    """HBM bytes of one optimizer step on one core, with the precision recipe's casts.
+
+    AdamW reads the weight, its gradient and two moments and writes the weight and the moments: ``6 p + g`` bytes
+    per element of this core's optimizer state (`state_elements`; ``p`` the state's, ``g`` the gradient's element
+    size). BF16 compute with FP32 state (bf16-mixed) also casts the weights it computes with (read FP32, write
+    BF16) and the gradients back to FP32 for the reduction (read BF16, write FP32), per micro-batch, over the
+    `gathered_elements` it computes with."""
+    g = prec.reduce if prec.param == 4 else prec.param
+    moved = state_elements * (6 * prec.param + g)
+    if prec.param != prec.compute:
+        moved += micro_steps * gathered_elements * 2 * (prec.param + prec.compute)
+    return moved
+
+
 def stage_compute(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, micro_batch: int, seq_len: int,
-                  checkpointing: str, stage: int, autocast: str, efficiency: float, causal: bool = True) -> float:
+                  checkpointing: str, stage: int, autocast: str, efficiency: float, causal: bool = True,
+                  sp: bool = False, attention: str = "flash", hbm_efficiency: float | None = None) -> float:
     """Seconds of one micro-batch's forward and backward on a core of pipeline stage `stage`."""
+    return sum(stage_classes(m, hw, layout, prec, micro_batch, seq_len, checkpointing, stage, autocast, efficiency,
+                             causal, sp, attention, hbm_efficiency).values())
+
+
+def stage_classes(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, micro_batch: int, seq_len: int,
+                  checkpointing: str, stage: int, autocast: str, efficiency: float, causal: bool = True,
+                  sp: bool = False, attention: str = "flash", hbm_efficiency: float | None = None) -> dict[str, float]:
+    """Seconds of one micro-batch on a core of stage `stage`, by op class: each the larger of its compute time and
+    its HBM traffic over the bandwidth. Matmuls: FLOPs at the dense peak x `efficiency`, or the weights read three
+    times; the memory-bound classes (:func:`vector_bytes`): their bytes at HBM bandwidth x `hbm_efficiency` (their
+    arithmetic intensity, a few operations per element, is far below the chip's balance of ~115 FLOP per byte at
+    BF16, so the bandwidth term is the larger)."""
     tokens = micro_batch * seq_len
     layers = stage_layers(m.layers, layout.pp, stage)
     fwd = layers * layer_flops_per_token(m, seq_len, causal) + (2 * m.vocab * m.hidden if stage == layout.pp - 1 else 0)
     flops = tokens * fwd * passes(checkpointing) / layout.tp
-    hbm = hw.instance.chip.hbm_bandwidth_gbps * 1e9 / hw.cores_per_chip
+    hbm = hbm_per_core(hw)
     params = layers * m.layer_params + (m.embedding_params if stage == layout.pp - 1 else 0)
     weight_traffic = 3 * params / layout.tp * prec.compute  # weights read in forward and twice in backward
-    return max(flops / (core_peak(hw, prec, autocast) * efficiency), weight_traffic / hbm)
+    out = {"matmul": max(flops / (core_peak(hw, prec, autocast) * efficiency), weight_traffic / hbm)}
+    eff = HBM_EFFICIENCY if hbm_efficiency is None else hbm_efficiency
+    for name, nbytes in vector_bytes(m, layout, prec, micro_batch, seq_len, checkpointing, stage, sp,
+                                     attention).items():
+        out[name] = nbytes / (hbm * eff)
+    return out
 
 
 def step_time(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, global_batch: int, seq_len: int,
               micro_steps: int, stage_comms: dict[int, list[Collective]], checkpointing: str, optimizer_bytes: int,
               *, micro_batch: int = 1, autocast: str = "matmult", zero1: bool = False,
               compute_efficiency: float | None = None, comm_efficiency: float | None = None,
-              causal: bool = True) -> StepTime:
+              causal: bool = True, sp: bool = False, attention: str = "flash",
+              hbm_efficiency: float | None = None) -> StepTime:
     """The estimated time of one optimizer step of `global_batch` sequences.
 
     `stage_comms`: the collectives of a core of each pipeline stage considered (the first and the last);
-    `optimizer_bytes`: what AdamW reads and writes per core."""
+    `optimizer_bytes`: the HBM bytes one optimizer step moves per core (:func:`optimizer_bytes_moved`)."""
     eff = COMPUTE_EFFICIENCY if compute_efficiency is None else compute_efficiency
-    hbm = hw.instance.chip.hbm_bandwidth_gbps * 1e9 / hw.cores_per_chip
+    hbm = hbm_per_core(hw) * (HBM_EFFICIENCY if hbm_efficiency is None else hbm_efficiency)
     slot = compute_mb = 0.0
+    classes: dict[str, float] = {}
     comm_total = exposed_step = 0.0
     by_scope: dict[str, float] = {}
     per_stage_step_comm: list[float] = []
     for stage, comms in stage_comms.items():
-        c_mb = stage_compute(m, hw, layout, prec, micro_batch, seq_len, checkpointing, stage, autocast, eff, causal)
+        by_class = stage_classes(m, hw, layout, prec, micro_batch, seq_len, checkpointing, stage, autocast, eff,
+                                 causal, sp, attention, hbm_efficiency)
+        c_mb = sum(by_class.values())
         critical = overlapped = 0.0
         step_level = 0.0
         stage_comm = 0.0
@@ -161,16 +248,17 @@ def step_time(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, globa
                 overlapped += t / micro_steps
         s = c_mb + critical + max(0.0, overlapped - c_mb)
         if s > slot:
-            slot, compute_mb = s, c_mb
+            slot, compute_mb, classes = s, c_mb, by_class
         per_stage_step_comm.append(step_level)
         comm_total = max(comm_total, stage_comm)
     exposed_step = max(per_stage_step_comm)
     slots = micro_steps + layout.pp - 1
-    optimizer = 4 * optimizer_bytes / hbm
+    optimizer = optimizer_bytes / hbm
     total = slots * slot + exposed_step + optimizer
     compute = micro_steps * compute_mb
     bubble = (layout.pp - 1) * slot
     exposed = total - compute - bubble - optimizer
     tokens = global_batch * seq_len
+    per_step = tuple((k, v * micro_steps) for k, v in classes.items()) + (("optimizer", optimizer),)
     return StepTime(compute, comm_total, max(0.0, exposed), total, tokens / total, bubble, optimizer,
-                    tuple(sorted(by_scope.items())))
+                    tuple(sorted(by_scope.items())), per_step)
