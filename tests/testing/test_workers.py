@@ -1,10 +1,17 @@
-"""The shared process runner (torch_neuronx.testing.workers): results, crashes, hangs and stalls, and deadlines."""
+"""The shared process runner (torch_neuronx.testing.workers): results, crashes, hangs and stalls, deadlines, and
+nothing left running after a signal or a failure (issue 30)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from torch_neuronx.testing.workers import WorkerPool, run_processes
 
@@ -83,3 +90,105 @@ def test_a_task_without_a_deadline_still_detects_a_stall() -> None:
     with WorkerPool([sys.executable, "-c", WORKER], stall_timeout=3.0) as pool:
         assert pool.run({"kind": "square", "x": 4}, timeout=float("inf")).value == 16
         assert pool.run({"kind": "hang"}, timeout=float("inf")).status == "stall"
+
+
+# ------------------------------------------------------------------ issue 30.3: nothing outlives the starter
+DRIVER = r"""
+import sys, tempfile
+from pathlib import Path
+from torch_neuronx.runtime import processes
+from torch_neuronx.testing.workers import run_processes
+
+WORKER = ("import os, subprocess, sys, time\n"
+          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
+          "open(os.environ['READY'], 'w').close()\n"
+          "if os.environ['FAIL']: raise RuntimeError('planted failure in a worker')\n"
+          "time.sleep(600)\n")
+try:
+    with processes.guarded(), tempfile.TemporaryDirectory(prefix="neuron_plan_") as tmp:
+        cmds = [([sys.executable, "-c", WORKER], {"READY": f"{tmp}/ready{i}", "FAIL": "1" if sys.argv[1] == "error"
+                                                   and i == 0 else ""}) for i in range(3)]
+        print("rcs", [p.rc for p in run_processes(cmds, Path(tmp), timeout=600, fail_fast=True)], flush=True)
+except processes.Interrupted as e:
+    print(f"driver: {e}", file=sys.stderr)
+    sys.exit(128 + e.signum)
+"""
+
+
+def _ours(marker: Path) -> list[str]:
+    """Live processes whose command line or environment names `marker` (a test's folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            seen = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(marker).encode() in seen and state != "Z":
+            found.append(f"{entry.name}: {(entry / 'cmdline').read_bytes()[:200]!r}")
+    return found
+
+
+def _wait(condition: Callable[[], bool], what: str, limit_s: float = 300.0) -> None:
+    end = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < end, f"waited {limit_s:.0f} s for {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "error"])
+def test_workers_and_their_folder_never_outlive_a_signal_or_a_failure(tmp_path: Path, how: str) -> None:
+    """The workers (each with a child in a session of its own) and the temporary folder are gone after SIGTERM,
+    SIGINT or a worker's exception (its peers are not left waiting for it); the driver exits 128 + N with one
+    line, no traceback."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, how], env={**os.environ, "TMPDIR": str(tmpdir)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if how != "error":
+            _wait(lambda: len(list(tmpdir.glob("neuron_plan_*/ready*"))) == 3 or driver.poll() is not None,
+                  "the workers to start")
+            assert driver.poll() is None, driver.communicate()
+            driver.send_signal(getattr(signal, how))
+        out, err = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    if how == "error":
+        assert driver.returncode == 0 and "rcs [1, " in out, (out, err)  # the failed rank ended its peers
+    else:
+        assert driver.returncode == 128 + getattr(signal, how), (out, err)
+        assert f"stopped by {how}" in err and "Traceback" not in err
+    assert list(tmpdir.iterdir()) == [] and _ours(tmpdir) == []
+
+
+def test_plan_measure_stopped_by_sigterm_leaves_no_worker_and_no_folder(tmp_path: Path) -> None:
+    """`torch-neuronx plan --measure` as `timeout` stops it: exit 143, one line, its workers and its
+    /tmp/neuron_plan_* folder gone."""
+    from torch_neuronx.testing.plan import tiny_llama
+
+    config = tmp_path / "config.json"
+    tiny_llama().to_json_file(str(config))
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    planner = subprocess.Popen([sys.executable, "-m", "torch_neuronx", "plan", str(config), "--instance",
+                                "trn1.2xlarge", "--global-batch", "2", "--seq-len", "32", "--precision", "fp32",
+                                "--layout", "2x1x1", "--measure", "1"], env={**os.environ, "TMPDIR": str(tmpdir)},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def workers_started() -> bool:
+            return sum("tools.plan.measure" in p for p in _ours(tmpdir)) >= 2 or planner.poll() is not None
+
+        _wait(workers_started, "the planner's workers to start")
+        assert planner.poll() is None, planner.communicate()
+        planner.send_signal(signal.SIGTERM)
+        out, err = planner.communicate(timeout=120)
+    finally:
+        if planner.poll() is None:
+            planner.kill()
+    assert planner.returncode == 143, (out, err)
+    assert "stopped by SIGTERM" in err and "Traceback" not in err
+    assert list(tmpdir.iterdir()) == [] and _ours(tmpdir) == []

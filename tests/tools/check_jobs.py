@@ -47,6 +47,36 @@ def losses_job(fault: str, device: str) -> None:
         opt.step()
 
 
+def compiled_dropout_job(device: str) -> None:
+    """Correct, two compiled models in one job: the portable form (the neuron backend on neuron, Inductor on
+    CPU) with dropout in the graph, and `backend="neuron"` written unconditionally (the reference must run it)."""
+    model, batches = model_and_data(device, dropout=0.3)
+    torch.manual_seed(1)
+    plain = torch.nn.Linear(8, 4).to(device)
+    portable = torch.compile(model, backend="neuron" if device == "neuron" else "inductor")
+    unchanged = torch.compile(plain, backend="neuron")
+    opt = torch.optim.SGD([*model.parameters(), *plain.parameters()], lr=0.05)
+    for x in batches[:2]:
+        opt.zero_grad()
+        (portable(x).pow(2).mean() + unchanged(x).pow(2).mean()).backward()
+        opt.step()
+
+
+def resume_job(device: str, out: str) -> None:
+    """Correct: resumes from its own checkpoint when one exists, trains 2 steps, saves it (checked twice, the
+    second check must not compare a resumed neuron run with a fresh reference)."""
+    model, batches = model_and_data(device)
+    path = os.path.join(out, "ckpt.pt")
+    if os.path.exists(path):
+        model.load_state_dict(torch.load(path))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for x in batches[:2]:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
+
+
 def checkpoints_job(device: str, out: str) -> None:
     """Writes what a checkpoint check must see: a tensor-less file holding a device, a file written through a
     file object, a buffer, a safetensors file outside the working directory, and marked files whose content
@@ -69,6 +99,22 @@ def checkpoints_job(device: str, out: str) -> None:
     save_file({"w": model[0].weight.detach().cpu().contiguous()}, os.path.join(elsewhere, "w.safetensors"),
               metadata={"by": device})
     torch.save({"by": device, "w": model[2].weight.detach().cpu()}, os.path.join(out, "marked.pt"))
+    # issue 29: checkpoints compared with the reference run's, and files saved atomically (save, then rename)
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    tmp = os.path.join(out, "good.pt.tmp")
+    torch.save({**state, "by": device}, tmp)
+    os.replace(tmp, os.path.join(out, "good.pt"))  # correct: CPU tensors, renamed into place
+    tmp = os.path.join(out, "device.pt.tmp")
+    torch.save({**state, "where": torch.device(device)}, tmp)  # the fault: a device only a neuron host knows
+    os.replace(tmp, os.path.join(out, "device.pt"))
+    dropped = dict(state)
+    if device == "neuron":
+        dropped.pop("2.bias")  # the fault: a key the reference saves is missing on neuron
+    torch.save(dropped, os.path.join(out, "missing.pt"))
+    square = state["0.weight"][:8, :8] + torch.arange(64.0).reshape(8, 8)
+    save_file({"w": square.t().contiguous() if device == "neuron" else square.contiguous(),  # the fault
+               "b": state["0.bias"].contiguous()}, os.path.join(out, "square.safetensors"))
+    save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(out, "good.safetensors"))  # correct
 
 
 def leak_job(device: str) -> None:
@@ -107,6 +153,25 @@ def hang_job(out: str) -> None:
     time.sleep(600)
 
 
+def daemons_job(device: str, out: str) -> None:
+    """Trains, then leaves two daemons behind (the faults): one with its own environment and session, one
+    started by a shell with `env -i setsid ... &`. Its helper that it waits for is the correct twin."""
+    model, batches = model_and_data(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for x in batches[:2]:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    subprocess.run([sys.executable, "-c", "print('helper')"], check=True)  # waited for: never reported
+    daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, start_new_session=True)
+    shell = os.path.join(out, "pids.shell")
+    subprocess.run(["sh", "-c", f"env -i setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $! > {shell}"],
+                   check=True)
+    with open(os.path.join(out, f"pids.{os.getpid()}"), "w") as f:
+        f.write(f"{daemon.pid}\n")
+
+
 def distributed_job(fault: str, device: str, out: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -120,22 +185,39 @@ def distributed_job(fault: str, device: str, out: str) -> None:
     else:
         dev = torch.device("cpu")
         dist.init_process_group("gloo")
+    pids = [os.getpid()]
+    if fault == "hang_rank":  # each rank also starts a child in a session of its own
+        pids.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                                     start_new_session=True).pid)
     with open(os.path.join(out, f"pids.{os.getpid()}"), "w") as f:
-        f.write(f"{os.getpid()}\n")
+        f.write(" ".join(map(str, pids)) + "\n")
     model, _ = model_and_data(str(dev), dropout=0.3 if fault == "ddp_dropout" else 0.0)
     ddp = DistributedDataParallel(model)
     lr = 0.2 if fault == "replica_drift" and rank == 1 else 0.05  # the fault: rank 1's learning rate differs
-    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+    if fault == "zero":  # correct: ZeRO under DDP (its per-shard optimizer steps inside its own step)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        opt: torch.optim.Optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam,
+                                                             lr=lr)
+    else:
+        opt = torch.optim.SGD(ddp.parameters(), lr=lr)
     g = torch.Generator().manual_seed(rank)
     for step in range(4):
         if fault == "hang_rank" and rank == 1 and step == 1:
+            with open(os.path.join(out, "hung"), "w") as f:  # tells the test where it is: no sleep to guess
+                f.write(f"{os.getpid()}\n")
             time.sleep(600)  # the fault: a rank that hangs (its peer waits in the next all-reduce)
         if fault == "early_exit" and rank == 1 and step == 2:
             sys.exit(0)  # the fault: a rank that leaves early, with exit code 0
         x = torch.randn(4, 8, generator=g).to(dev)
         opt.zero_grad()
         ddp(x).pow(2).mean().backward()
-        opt.step()
+        if not (fault == "no_step" and rank == 1):  # the fault: rank 1 never steps (its all-reduces still run)
+            opt.step()
+    # Freed after destroy_process_group(), DDP's Reducer would be the group's last holder: PyTorch then joins Gloo's
+    # worker thread with the GIL held, which can deadlock the CPU reference's plain "gloo" ranks (a PyTorch issue;
+    # the neuron backend lets go of the GIL itself, see tests/distributed/test_teardown.py). Free it first.
+    del ddp, opt
     dist.destroy_process_group()
 
 
@@ -145,13 +227,19 @@ def main() -> None:
         losses_job(job, device)
     elif job == "checkpoints":
         checkpoints_job(device, out)
+    elif job == "resume":
+        resume_job(device, out)
+    elif job == "compiled_dropout":
+        compiled_dropout_job(device)
     elif job == "leak":
         leak_job(device)
     elif job == "oom":
         oom_job(device)
     elif job == "hang":
         hang_job(out)
-    elif job in ("ddp_dropout", "replica_drift", "hang_rank", "early_exit"):
+    elif job == "daemons":
+        daemons_job(device, out)
+    elif job in ("ddp_dropout", "replica_drift", "hang_rank", "early_exit", "no_step", "zero"):
         distributed_job(job, device, out)
     else:
         raise SystemExit(f"unknown job {job!r}")

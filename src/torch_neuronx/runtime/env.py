@@ -79,10 +79,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("TORCH_NEURONX_CHECK_DIR", "path", "", "where a process launched by `torch-neuronx check` writes "
              "its measurements; set, `import torch_neuronx` installs the checker's probe",
              "an emulator extension (docs/check.md)"),
-    Variable("TORCH_NEURONX_CHECK_JOB", "str", "", "set by `torch-neuronx check`: a tag unique to one launch, "
-             "carried by every process of the job, so that the checker finds and stops all of them"),
-    Variable("TORCH_NEURONX_CHECK_WATCH_PID", "int", 0, "set by `torch-neuronx check`: the checker's pid; a job "
-             "process exits when it disappears (a killed checker leaves nothing running)"),
+    Variable("TORCH_NEURONX_CHECK_SIDE", "str", "", "set by `torch-neuronx check`: `neuron` or `reference`, the "
+             "run this process belongs to (the reference compiles `backend=\"neuron\"` for the CPU)",
+             "an emulator extension (docs/check.md)"),
     Variable("TORCH_NEURONX_CHECK_RANKS_ONLY", "bool", False, "1: the checker's probe watches only processes with "
              "RANK set (the job runs under torchrun; its agent is not watched)",
              "an emulator extension (docs/check.md)"),

@@ -5,7 +5,8 @@ Two shapes of work:
 
 * :func:`run_processes` starts several commands at once (the ranks of a
   job, a torchrun launch) and waits for all of them until a deadline, killing
-  each one's whole process group past it.
+  each one's whole process tree past it (and, with ``fail_fast``, the others
+  once one has failed).
 * :class:`WorkerPool` keeps a worker subprocess and sends it tasks, one JSON
   line each; the worker (:func:`serve`) answers with event lines and a result
   line. A task that runs past its timeout, a worker that makes no progress for
@@ -32,6 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from torch_neuronx.runtime import processes
 
 # The environment of child processes: nothing of this process's device or launch settings leaks in.
 BASE_ENV = {
@@ -62,45 +65,42 @@ class Proc:
 
 
 def run_processes(cmds: Sequence[tuple[list[str], dict[str, str]]], workdir: Path, timeout: float,
-                  cwd: str | Path | None = None) -> list[Proc]:
+                  cwd: str | Path | None = None, fail_fast: bool = False) -> list[Proc]:
     """Run commands concurrently (each with :data:`BASE_ENV` plus its own variables); kill what is still running
-    at the deadline, with its whole process group (torchrun's workers die with their agent)."""
+    at the deadline, with its whole process tree (torchrun's workers, daemons). With `fail_fast`, the first
+    command to exit non-zero ends the others too (ranks that would wait for it in a collective until the
+    deadline). Whatever happens here (an exception, a signal), no process of theirs is left running."""
     workdir.mkdir(parents=True, exist_ok=True)
-    started = []
+    started: list[tuple[subprocess.Popen[Any], TextIO, TextIO]] = []
     t0 = time.monotonic()
-    for i, (argv, env) in enumerate(cmds):
-        out = open(workdir / f"proc{i}.out", "w+")  # noqa: SIM115  (closed below)
-        err = open(workdir / f"proc{i}.err", "w+")  # noqa: SIM115
-        p = subprocess.Popen(argv, env={**BASE_ENV, **env}, stdout=out, stderr=err, cwd=cwd,
-                             start_new_session=True)
-        started.append((p, out, err))
     deadline = t0 + timeout
-    ended: list[float | None] = [None] * len(started)
-    while any(e is None for e in ended) and time.monotonic() < deadline:
-        for i, (p, _, _) in enumerate(started):
-            if ended[i] is None and p.poll() is not None:
-                ended[i] = time.monotonic() - t0
-        time.sleep(0.05)
+    ended: list[float | None] = []
+    try:
+        for i, (argv, env) in enumerate(cmds):
+            out = open(workdir / f"proc{i}.out", "w+")  # noqa: SIM115  (closed below)
+            err = open(workdir / f"proc{i}.err", "w+")  # noqa: SIM115
+            started.append((processes.spawn(argv, env={**BASE_ENV, **env}, stdout=out, stderr=err, cwd=cwd),
+                            out, err))
+            ended.append(None)
+        while any(e is None for e in ended) and time.monotonic() < deadline:
+            for i, (p, _, _) in enumerate(started):
+                if ended[i] is None and p.poll() is not None:
+                    ended[i] = time.monotonic() - t0
+            if fail_fast and any(p.returncode not in (None, 0) for p, _, _ in started):
+                break
+            time.sleep(0.05)
+    finally:
+        for p, _, _ in started:
+            processes.stop(p)  # at once for those that ended; the others' trees are killed
     results = []
     for i, (p, out, err) in enumerate(started):
         timed_out = ended[i] is None
-        if timed_out:
-            kill_group(p)
         out.seek(0)
         err.seek(0)
-        results.append(Proc(p.returncode, out.read(), err.read(), ended[i] or timeout, timed_out))
+        results.append(Proc(p.returncode, out.read(), err.read(), ended[i] or time.monotonic() - t0, timed_out))
         out.close()
         err.close()
     return results
-
-
-def kill_group(p: subprocess.Popen[Any]) -> None:
-    """Kill a process started with start_new_session=True and everything it started (torchrun and its workers)."""
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        p.kill()
-    p.wait()
 
 
 def free_port() -> int:
@@ -150,9 +150,8 @@ class TaskResult:
 class _Worker:
     def __init__(self, argv: list[str], env: dict[str, str] | None, cwd: str | Path | None) -> None:
         self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (closed in stop)
-        self.proc = subprocess.Popen(argv, env={**BASE_ENV, **(env or {})}, cwd=cwd, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.stderr, text=True, bufsize=1,
-                                     start_new_session=True)
+        self.proc = processes.spawn(argv, env={**BASE_ENV, **(env or {})}, cwd=cwd, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=self.stderr, text=True, bufsize=1)
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -168,8 +167,7 @@ class _Worker:
         return self.stderr.read()[-n:]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            kill_group(self.proc)
+        processes.stop(self.proc)
         self.stderr.close()
 
 
@@ -236,8 +234,7 @@ class WorkerPool:
     def _lost(self, status: str, why: str, events: list[dict[str, Any]], start: float) -> TaskResult:
         assert self._worker is not None
         worker, self._worker = self._worker, None
-        if worker.proc.poll() is None:
-            kill_group(worker.proc)
+        processes.stop(worker.proc)
         tail = worker.stderr_tail()
         worker.stop()
         self.restarts += 1

@@ -80,7 +80,25 @@ def main(argv: list[str] | None = None) -> int:
     plan_cli.add_parser(sub)
     migrate_cli.add_parser(sub)
     argv, migrate_check_args = migrate_cli.split_check(list(sys.argv[1:] if argv is None else argv))
+    if argv[:1] == ["plan"] and "--serve" in argv and "--help" not in argv[:2]:  # serving plans parse their own options
+        from torch_neuronx.tools.plan import serve_cli
+
+        return serve_cli.main(argv[1:])
     args = parser.parse_args(argv)
+    from torch_neuronx.runtime.processes import Interrupted
+
+    try:
+        return _run(parser, args, migrate_check_args)
+    except Interrupted as e:  # SIGINT / SIGTERM inside processes.guarded(): its processes are gone already
+        print(f"torch-neuronx {args.command}: {e}; every process it started was stopped", file=sys.stderr)
+        return 128 + e.signum
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, migrate_check_args: Any) -> int:
+    from torch_neuronx.tools.check import cli as check_cli
+    from torch_neuronx.tools.migrate import cli as migrate_cli
+    from torch_neuronx.tools.plan import cli as plan_cli
+
     if args.command in (None, "info"):
         return info(getattr(args, "json", False))
     if args.command == "check":

@@ -7,6 +7,16 @@
 // all_gather_into_tensor or reduce_scatter_tensor larger than the bucket size
 // (COLLECTIVE_BUCKETSIZE_IN_MB) runs as bucket-sized pieces, with the same
 // result; the pieces are counted as "<collective>_pieces".
+//
+// Teardown never holds the GIL: destroying the wrapped ProcessGroupGloo joins
+// its worker threads, and a worker finishing its last Work may need the GIL
+// (dropping the last reference to a tensor or storage that a Python object
+// still owns, or a Python callback on the Work's future). Destroyed with the
+// GIL held (the Python object's deallocation, DDP's Reducer, interpreter
+// exit), the join would wait forever for a thread that waits for the GIL.
+// PyTorch's own bindings avoid it the same way (torch/csrc/distributed/c10d/
+// init.cpp, IntrusivePtrNoGilDestructor); here the destructor itself lets go,
+// so that every path that drops the last reference is covered.
 #include "../neuron.h"
 
 #include <pybind11/chrono.h>
@@ -76,6 +86,16 @@ at::Tensor flat_if_stacked(const at::Tensor& big, const at::Tensor& shard) {
 
 c10d::ReduceOp sum_op() { return c10d::ReduceOp(c10d::ReduceOp::SUM); }
 
+// Drops `host` (the last reference joins Gloo's threads) with the GIL released if this thread holds it.
+void release_host_without_gil(c10::intrusive_ptr<c10d::Backend>& host) noexcept {
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    pybind11::gil_scoped_release no_gil;
+    host.reset();
+  } else {
+    host.reset();
+  }
+}
+
 // In-place reductions: PREMUL_SUM scales each contribution, then sums.
 template <typename Options, typename Run>
 c10::intrusive_ptr<c10d::Work> in_place_reduction(std::vector<at::Tensor>& tensors, const Options& opts, Run&& run) {
@@ -91,6 +111,8 @@ class ProcessGroupNeuron final : public c10d::Backend {
   explicit ProcessGroupNeuron(c10::intrusive_ptr<c10d::Backend> host)
       : c10d::Backend(host->getRank(), host->getSize()), host_(std::move(host)) {}
 
+  ~ProcessGroupNeuron() override { release_host_without_gil(host_); }
+
   const std::string getBackendName() const override { return "neuron"; }
   c10::intrusive_ptr<Options> getBackendOptions() override { return host_->getBackendOptions(); }
   void setTimeout(std::chrono::milliseconds timeout) override { host_->setTimeout(timeout); }
@@ -101,6 +123,9 @@ class ProcessGroupNeuron final : public c10d::Backend {
   // (shapes included) by sequence number.
   void setSequenceNumberForGroup() override { host_->setSequenceNumberForGroup(); }
   uint64_t getSequenceNumberForGroup() override { return host_->getSequenceNumberForGroup(); }
+  // destroy_process_group() shuts every backend down; abort() on a failure. Gloo's must hear of it too.
+  void shutdown() override { host_->shutdown(); }
+  void abort() override { host_->abort(); }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 EPILOG = """examples:
   torch-neuronx check -- train.py --device {device}          # reference: the same command on cpu
@@ -61,7 +62,8 @@ def _split(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from torch_neuronx.tools.check import procs, report
+    from torch_neuronx.runtime import processes
+    from torch_neuronx.tools.check import report
     from torch_neuronx.tools.check.config import CheckConfig, Thresholds, check_writable_file
     from torch_neuronx.tools.check.run import check
 
@@ -88,13 +90,24 @@ def run(args: argparse.Namespace) -> int:
             except ImportError:
                 raise ValueError("--html: the HTML report's plots need matplotlib: pip install "
                                  "'torch-neuronx[report]'") from None
+        for path in (args.json, args.html):  # an older report must not look like this run's
+            if path:
+                Path(path).unlink(missing_ok=True)
         doc = check(cfg)
     except ValueError as e:
         print(f"torch-neuronx check: {e}", file=sys.stderr)
         return 2
-    except procs.Interrupted as e:
+    except processes.Interrupted as e:
+        partial = getattr(e, "doc", None)
+        if partial is not None:  # the report of what was seen, marked interrupted
+            _write(report, partial, args)
         print(f"torch-neuronx check: {e}; every process of the job was killed", file=sys.stderr)
         return 128 + e.signum
+    _write(report, doc, args)
+    return 1 if doc["verdict"] == "fail" else 0
+
+
+def _write(report: Any, doc: dict[str, Any], args: argparse.Namespace) -> None:
     print(report.text(doc))
     if args.json:
         report.write_json(doc, args.json)
@@ -102,4 +115,3 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         report.write_html(doc, args.html)
         print(f"HTML report: {args.html}")
-    return 1 if doc["verdict"] == "fail" else 0

@@ -95,8 +95,18 @@ class CheckConfig:
             if self.instance not in instances.INSTANCES:
                 raise ValueError(f"--instance {self.instance!r} is not a Neuron instance type; choose one of "
                                  f"{', '.join(sorted(instances.INSTANCES))}")
-        if self.command and self.command[0].endswith(".py") and not Path(self.cwd or ".", self.command[0]).exists():
-            raise ValueError(f"the job script {self.command[0]} does not exist")
+            inst = instances.INSTANCES[self.instance]
+            lnc_text = self.env.get("NEURON_LOGICAL_NC_CONFIG") or os.environ.get("NEURON_LOGICAL_NC_CONFIG")
+            lnc = int(lnc_text) if lnc_text and lnc_text.strip().isdigit() and int(lnc_text) > 0 else \
+                inst.default_lnc
+            cores = inst.physical_cores // lnc
+            for flag, n in (("--nproc-per-node", self.nproc_per_node),
+                            ("--reference-nproc-per-node", self.reference_nproc_per_node)):
+                if n is not None and n > cores:
+                    raise ValueError(f"{flag} {n}: {self.instance} has {cores} NeuronCores (logical, LNC={lnc}); "
+                                     f"one process per core: give at most {cores}")
+        if self.command:
+            job_problem(self.command, self.cwd)
         out = Path(self.out_dir)
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out}: that is a file; give a folder (made if missing), e.g. --out neuronx-check")
@@ -107,18 +117,76 @@ class CheckConfig:
             raise ValueError(f"--out {out}: {existing} is not writable; give a folder you can write to")
 
 
+def job_problem(command: list[str], cwd: Path | None) -> None:
+    """Refuse a job that cannot start, before anything runs: a missing script (`x.py`, `python x.py`), a
+    module Python cannot find (`-m pkg.mod`, looked up the way `python -m` run in `cwd` would), or a program that
+    is not on PATH."""
+    import importlib.machinery
+    import shutil
+    import sys
+
+    cmd = list(command)
+    if Path(cmd[0]).name.startswith("python") and len(cmd) > 1:
+        cmd = cmd[1:]
+    base = Path(cwd or ".")
+    if cmd[0] == "-m":
+        if len(cmd) < 2:
+            raise ValueError("-m needs a module name, e.g. `-- -m mypkg.train`")
+        if not _module_exists(cmd[1], [str(base.resolve()), *sys.path], importlib.machinery.PathFinder):
+            raise ValueError(f"the job module {cmd[1]} cannot be found (python -m {cmd[1]} would fail)")
+    elif cmd[0].endswith(".py"):
+        if not (base / cmd[0]).is_file():
+            raise ValueError(f"the job script {cmd[0]} does not exist")
+    elif not Path(cmd[0]).name.startswith("python") and shutil.which(cmd[0]) is None and \
+            not (base / cmd[0]).is_file():
+        raise ValueError(f"the job program {cmd[0]} is not on PATH and not a file")
+
+
+def _module_exists(name: str, path: list[str], finder: type) -> bool:
+    """Whether `name` (dotted) is importable from `path`, found without importing anything."""
+    import importlib.util
+
+    parts = name.split(".")
+    if not all(p.isidentifier() for p in parts):
+        return False
+    # the job's folder and sys.path first; then every finder (editable installs, built-in modules)
+    spec = finder.find_spec(parts[0], path) or importlib.util.find_spec(parts[0])  # type: ignore[attr-defined]
+    if spec is None:
+        return False
+    for part in parts[1:]:
+        locations = list(spec.submodule_search_locations or [])
+        if not locations:
+            return False
+        spec = finder.find_spec(part, locations)  # type: ignore[attr-defined]
+        if spec is None:
+            return False
+    return True
+
+
 def check_writable_file(flag: str, path: str | Path) -> None:
-    """Refuse a report path whose folder is missing or unwritable, or that names a folder, before the job runs."""
+    """Refuse a report path that cannot be written, before the job runs: a missing folder, a folder, something
+    other than a regular file (/dev/full), or a place where opening for writing fails (/proc/c.json: as root,
+    os.access approves it, so the write is tried)."""
     p = Path(path)
+    if not str(path).strip():
+        raise ValueError(f"{flag} '': give a file name")
     if p.is_dir():
         raise ValueError(f"{flag} {p}: that is a folder; give a file name, e.g. {p / 'check'}"
                          f"{'.json' if 'json' in flag else '.html'}")
     folder = p.parent if str(p.parent) else Path(".")
     if not folder.is_dir():
         raise ValueError(f"{flag} {p}: the folder {folder} does not exist; make it first or give another path")
-    if not os.access(folder, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise ValueError(f"{flag} {p}: {folder if not p.exists() else p} is not writable; give a path you can "
-                         "write to")
+    if p.exists() and not p.is_file():
+        raise ValueError(f"{flag} {p}: not a regular file (a device or a pipe); give a file name to write the "
+                         "report to")
+    existed = p.exists()
+    try:
+        with open(p, "a"):
+            pass
+    except OSError as e:
+        raise ValueError(f"{flag} {p}: cannot be written ({e.strerror or e}); give a path you can write to") from None
+    if not existed:
+        p.unlink(missing_ok=True)
 
 
 @dataclass
@@ -134,3 +202,4 @@ class Side:
     ranks: dict[int, results.RankRun] = field(default_factory=dict)
     agent_log: str = ""
     exits: dict[int, dict[str, object]] = field(default_factory=dict)  # torchrun's record of each rank's exit
+    killed: list[dict[str, object]] = field(default_factory=list)  # processes the guardian had to kill

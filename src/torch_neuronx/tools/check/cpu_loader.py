@@ -55,11 +55,50 @@ def _describe(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     return {"tensors": {k: tensor_digest(t) for k, t in tensors.items()}, "nonfinite": nonfinite}
 
 
+def compare(mine: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor], rtol: float,
+            atol: float) -> dict[str, Any]:
+    """A checkpoint against the reference run's: the same keys, shapes and dtypes, and every tensor within
+    ``atol + rtol x max|reference tensor|`` of the reference's (the loss tolerances, scaled to each tensor).
+    The worst tensor is named by its distance over its bound."""
+    out: dict[str, Any] = {"missing": sorted(set(theirs) - set(mine))[:20],
+                           "extra": sorted(set(mine) - set(theirs))[:20],
+                           "shapes": [], "dtypes": [], "values": [], "worst": None, "compared": 0}
+    worst = -1.0
+    for key in sorted(set(mine) & set(theirs)):
+        a, b = mine[key], theirs[key]
+        if tuple(a.shape) != tuple(b.shape):
+            out["shapes"].append([key, list(a.shape), list(b.shape)])
+            continue
+        if a.dtype != b.dtype:
+            out["dtypes"].append([key, str(a.dtype), str(b.dtype)])
+            continue
+        out["compared"] += 1
+        if not a.numel():
+            continue
+        if a.is_floating_point() or a.is_complex():
+            x, y = a.detach().double(), b.detach().double()
+            both_nan = torch.isnan(x) & torch.isnan(y)
+            diff = torch.where(both_nan, torch.zeros_like(x), (x - y).abs()).nan_to_num(nan=float("inf"))
+            distance = float(diff.max())
+            bound = atol + rtol * float(y.abs().nan_to_num(nan=0.0, posinf=0.0).max())
+        else:
+            distance = float((a.long() != b.long()).sum()) if a.dtype != torch.bool else float((a != b).sum())
+            bound = 0.0
+        ratio = distance / bound if bound > 0 else (0.0 if distance == 0 else float("inf"))
+        if ratio > worst:
+            worst = ratio
+            out["worst"] = {"key": key, "max_abs_diff": distance, "bound": bound}
+        if distance > bound:
+            out["values"].append([key, distance, bound])
+    out["values"] = sorted(out["values"], key=lambda v: v[1] / v[2] if v[2] else float("inf"), reverse=True)[:20]
+    return out
+
+
 class PickledObjectError(Exception):
     """A file of pickled Python objects (not loadable with weights_only=True) that does not unpickle here."""
 
 
-def load_torch(path: str) -> dict[str, Any]:
+def load_torch(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     locations: set[str] = set()
 
     def where(storage: Any, location: str) -> Any:
@@ -80,19 +119,21 @@ def load_torch(path: str) -> dict[str, Any]:
             raise PickledObjectError(f"{type(full).__name__}: {full}") from full
         note = "loads only with weights_only=False (it pickles Python objects: " + \
             str(e).split("Unsupported global: ")[-1].split("\n")[0][:200].strip() + ")"
-    out = {**_describe(flat_tensors(obj)), "saved_from": sorted(locations), "object": type(obj).__name__}
+    tensors = flat_tensors(obj)
+    out = {**_describe(tensors), "saved_from": sorted(locations), "object": type(obj).__name__}
     if note:
         out["note"] = note
-    return out
+    return out, tensors
 
 
-def load_safetensors(path: str) -> dict[str, Any]:
+def load_safetensors(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     from safetensors.torch import load_file
 
-    return _describe(load_file(path, device="cpu"))
+    tensors = load_file(path, device="cpu")
+    return _describe(tensors), tensors
 
 
-def load_hf(path: str, probe_ids: list[int] | None) -> dict[str, Any]:
+def load_hf(path: str, probe_ids: list[int] | None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     from transformers import AutoModel, AutoModelForCausalLM
 
     try:
@@ -101,31 +142,46 @@ def load_hf(path: str, probe_ids: list[int] | None) -> dict[str, Any]:
     except ValueError:  # not a causal LM (an encoder, a classifier): its base model
         model = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
         causal = False
-    out = _describe(dict(model.state_dict()))
+    tensors = dict(model.state_dict())
+    out = _describe(tensors)
     if probe_ids and causal:
         ids = torch.tensor([probe_ids]) % model.config.vocab_size
         with torch.no_grad():
             out["probe_logits"] = model(ids).logits.float().tolist()
-    return out
+    return out, tensors
+
+
+def load(path: str, kind: str, probe_ids: list[int] | None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    if kind == "hf":
+        return load_hf(path, probe_ids)
+    if kind == "safetensors":
+        return load_safetensors(path)
+    return load_torch(path)
 
 
 def main() -> None:
     request = json.loads(sys.stdin.read())
     report: dict[str, Any] = {}
+    rtol, atol = float(request.get("rtol", 1e-3)), float(request.get("atol", 1e-4))
     for item in request["items"]:
         path, kind = item["path"], item["kind"]
         try:
-            if kind == "hf":
-                found = load_hf(path, request.get("probe_ids"))
-            elif kind == "safetensors":
-                found = load_safetensors(path)
-            else:
-                found = load_torch(path)
+            found, tensors = load(path, kind, request.get("probe_ids"))
             report[path] = {"ok": True, **found}
         except PickledObjectError as e:  # not a checkpoint a portable loader reads: a pickled Python object
             report[path] = {"ok": False, "pickled_object": True, "error": str(e)[:1500]}
+            continue
         except Exception as e:  # every failure is the finding, reported with its message
             report[path] = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:1500]}"}
+            continue
+        reference = item.get("reference")
+        if reference:
+            try:
+                _, theirs = load(reference, kind, None)
+                report[path]["vs_reference"] = compare(tensors, theirs, rtol, atol)
+            except Exception as e:  # the reference's own file did not load: said, not compared
+                report[path]["vs_reference"] = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
+        del tensors
     report["_neuron_loaded"] = "torch_neuronx" in sys.modules and sys.modules["torch_neuronx"] is not None
     print(json.dumps(report))
 

@@ -119,6 +119,7 @@ class Probe:
         self._cores: set[int] = set()
         self._ended = False
         self._optimizer_steps = 0
+        self._stepping = 0  # optimizer steps in progress (an outer one's step calls an inner one's)
         self._markers = 0
         self._loss_sources: set[str] = set()
         self._params: dict[str, Any] | None = None
@@ -179,7 +180,13 @@ class Probe:
             self._losses.append(loss)
             self._loss_sources.add(source)
 
+    def before_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._stepping += 1
+
     def on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._stepping = max(0, self._stepping - 1)
+        if self._stepping:  # an optimizer stepped by another one (ZeRO's per-shard optimizer): the outer one's
+            return  # step ends the step, after its own parameter sync
         if self._marker_seen:
             return
         if self._optimizer is None:
@@ -235,8 +242,15 @@ class Probe:
             except Exception as e:
                 self.emit("probe_error", where="save", message=f"{type(e).__name__}: {e}")
                 path = None
+        inode = None
+        if path is not None:  # to follow the file through renames (torch.save(tmp), then os.replace(tmp, final))
+            try:
+                st = os.stat(path)
+                inode = [st.st_dev, st.st_ino]
+            except OSError:
+                pass
         self.emit("save", path=path, format=kind, buffer=buffer, target=type(f).__name__, tensors=digests,
-                  objects=type(obj).__name__)
+                  objects=type(obj).__name__, inode=inode)
 
     def on_mesh(self, mesh: Any) -> None:
         try:
@@ -555,27 +569,26 @@ def describe_wrappers(model: torch.nn.Module) -> dict[str, Any]:
             "double_wrapped": sorted(set(double))}
 
 
-def _watch_checker(pid: str | None) -> None:
-    """Exit when the checker that launched this process is gone (killed with SIGKILL, say): a job never
-    outlives its checker. A daemon thread that looks once a second."""
+def _reference_backend(probe: Probe) -> None:
+    """In the reference run, ``backend="neuron"`` compiles a graph whose inputs are all on the CPU with Inductor
+    for the CPU, so that the same script runs unchanged on both sides (on neuron, the backend's CPU autocopy
+    would hand CPU code neuron outputs). Registered under the backend's name through Dynamo's public
+    ``register_backend``, before the entry point is looked up, in the reference's processes only."""
     try:
-        watched = int(pid or "")
-    except ValueError:
-        return
-    if watched <= 1:
-        return
+        import torch._dynamo
 
-    def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            try:
-                os.kill(watched, 0)
-            except ProcessLookupError:
-                os._exit(143)
-            except PermissionError:
-                continue
+        from torch_neuronx.compile.backend import neuron_backend
 
-    threading.Thread(target=watch, name="torch-neuronx-check-watch", daemon=True).start()
+        def reference_backend(gm: Any, example_inputs: list[Any], **kwargs: Any) -> Any:
+            if any(isinstance(x, torch.Tensor) and x.device.type == "neuron" for x in example_inputs):
+                return neuron_backend(gm, example_inputs, **kwargs)
+            from torch._inductor.compile_fx import compile_fx
+
+            return compile_fx(gm, example_inputs, config_patches=kwargs.get("options") or None)
+
+        torch._dynamo.register_backend(reference_backend, name="neuron")
+    except Exception as e:  # the reference then runs the device's backend, as before; said in the events
+        probe.emit("probe_error", where="reference_backend", message=f"{type(e).__name__}: {e}")
 
 
 def install() -> Probe | None:
@@ -597,14 +610,22 @@ def install() -> Probe | None:
                local_rank=int(os.environ.get("LOCAL_RANK", "0") or 0))
     torch.nn.modules.module.register_module_forward_pre_hook(probe.forward_pre)
     torch.nn.modules.module.register_module_forward_hook(probe.forward_post, with_kwargs=True)
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+    register_optimizer_step_pre_hook(probe.before_optimizer_step)
     register_optimizer_step_post_hook(probe.on_optimizer_step)
     patches.patch_for_check(probe.on_backward, probe.on_save, probe.on_mesh)
     from torch_neuronx.tools.check import rng
 
     rng.install(probe)
-    _watch_checker(os.environ.get("TORCH_NEURONX_CHECK_WATCH_PID"))
+    if env.get("TORCH_NEURONX_CHECK_SIDE") == "reference":
+        _reference_backend(probe)
+    try:  # compiled random ops call the eager ones, so that they draw as eager code does (aligned by rng.py)
+        import torch._inductor.config as inductor_config
+
+        inductor_config.fallback_random = True
+    except Exception as e:
+        probe.emit("probe_error", where="fallback_random", message=f"{type(e).__name__}: {e}")
     previous = sys.excepthook
 
     def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:

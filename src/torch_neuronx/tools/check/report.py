@@ -22,6 +22,8 @@ MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "info": "info"}
 
 def text(doc: dict[str, Any]) -> str:
     lines = [f"torch-neuronx check: {MARK[doc['verdict']]}   ({' '.join(doc['command'])})"]
+    if doc.get("interrupted"):
+        lines.append(f"INTERRUPTED by {doc['interrupted']}: what was seen until then")
     if doc["reference_command"]:
         lines.append(f"reference: {' '.join(doc['reference_command'])}")
     for name, layer in doc["layers"].items():
@@ -41,9 +43,35 @@ def text(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def finite(obj: Any) -> Any:
+    """`obj` with every NaN or infinite float replaced by null, and a sibling ``<key>_nonfinite`` string ("nan",
+    "inf", "-inf"; for a list, index -> string) saying what it was: strict JSON parsers reject the bare NaN
+    token (docs/check.md#json-schema)."""
+    def word(x: float) -> str:
+        return "nan" if x != x else ("inf" if x > 0 else "-inf")
+
+    def bad(x: Any) -> bool:
+        return isinstance(x, float) and (x != x or x in (float("inf"), float("-inf")))
+
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            if bad(v):
+                out[k], out[f"{k}_nonfinite"] = None, word(v)
+            elif isinstance(v, list) and any(bad(x) for x in v):
+                out[k] = [None if bad(x) else finite(x) for x in v]
+                out[f"{k}_nonfinite"] = {str(i): word(x) for i, x in enumerate(v) if bad(x)}
+            else:
+                out[k] = finite(v)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [None if bad(x) else finite(x) for x in obj]
+    return None if bad(obj) else obj
+
+
 def write_json(doc: dict[str, Any], path: str | Path) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(doc, indent=1, default=str))
+    Path(path).write_text(json.dumps(finite(doc), indent=1, default=str, allow_nan=False))
 
 
 def _png(fig: Any) -> str:
@@ -122,11 +150,13 @@ def write_html(doc: dict[str, Any], path: str | Path) -> None:
                     f"<td><ul>{items}</ul></td></tr>")
     plots = "".join(f"<h2>{html.escape(t)}</h2><img alt='{html.escape(t)}' src='data:image/png;base64,{b}'>"
                     for t, b in figures(doc).items())
+    interrupted = (f"<p class='fail'><b>Interrupted by {html.escape(doc['interrupted'])}</b>: what was seen until "
+                   "then</p>" if doc.get("interrupted") else "")
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>torch-neuronx check</title>
 <style>body{{font-family:sans-serif;max-width:1000px;margin:2em auto}} td{{vertical-align:top;padding:4px}}
 .pass{{color:#176f2c}} .info{{color:#555}} .warn{{color:#9a6700}} .fail{{color:#b00020}} ul{{margin:0}}</style>
 </head><body><h1>torch-neuronx check: <span class="{doc['verdict']}">{MARK[doc['verdict']]}</span></h1>
-<p><code>{html.escape(' '.join(doc['command']))}</code></p>
+<p><code>{html.escape(' '.join(doc['command']))}</code></p>{interrupted}
 <table><tr><th>layer</th><th>verdict</th><th>evidence</th></tr>{''.join(rows)}</table>{plots}
 </body></html>"""
     Path(path).parent.mkdir(parents=True, exist_ok=True)

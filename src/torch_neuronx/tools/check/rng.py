@@ -14,8 +14,9 @@ An explicit neuron ``generator=`` draws through a CPU generator seeded as it was
 own CPU generator, seeded alike), and its offset advances as the device's kernels advance it. What cannot
 follow the reference is counted per step as ``rng_unaligned`` and named in the evidence when losses
 differ: a generator set to a saved state at an offset, DTensor's RNG tracker (it places each shard at its
-own offset of the device stream), and random ops inside ``torch.compile``d graphs (Inductor draws its own
-seeds; not seen here). Only processes the checker launched are changed; the kernels are registered at
+own offset of the device stream). Random ops inside ``torch.compile``d graphs reach these kernels too: the
+probe sets Inductor's ``fallback_random`` in both runs, so compiled graphs call the eager ops. Only processes
+the checker launched are changed; the kernels are registered at
 ``PrivateUse1`` for the samplers every random op ends in (``randn`` is ``normal_``, dropout is
 ``bernoulli_``).
 """

@@ -13,21 +13,22 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
-from torch_neuronx.tools.check import procs, results, verdicts
+from torch_neuronx.runtime import processes
+from torch_neuronx.tools.check import results, verdicts
 from torch_neuronx.tools.check.config import CheckConfig, Side, Thresholds
 
 PLACEHOLDER = "{device}"
 CPU_LOADER = Path(__file__).with_name("cpu_loader.py")
 CHECK_VARIABLES = ("TORCH_NEURONX_CHECK_DIR", "TORCH_NEURONX_CHECK_LAUNCH_TIME", "TORCH_NEURONX_CHECK_RANKS_ONLY",
-                   "TORCH_NEURONX_CHECK_WATCH_PID", procs.TAG)
+                   "TORCH_NEURONX_CHECK_SIDE")
 __all__ = ["CheckConfig", "Side", "Thresholds", "check"]
 
 
@@ -71,24 +72,22 @@ def run_side(name: str, argv: list[str], cfg: CheckConfig, deadline: float) -> S
         d.mkdir(parents=True)
         (d / MARKER).touch()
     launched = time.time()
-    tree = procs.JobTree()
-    env = {**os.environ, **cfg.env, **tree.env(), "TORCH_NEURONX_CHECK_DIR": str(events),
+    env = {**os.environ, **cfg.env, "TORCH_NEURONX_CHECK_DIR": str(events), "TORCH_NEURONX_CHECK_SIDE": name,
            "TORCH_NEURONX_CHECK_LAUNCH_TIME": repr(launched), "PYTHONUNBUFFERED": "1"}
     if cfg.instance:
         env["TORCH_NEURONX_INSTANCE_TYPE"] = cfg.instance
     if "torch.distributed.run" in argv:
         env["TORCH_NEURONX_CHECK_RANKS_ONLY"] = "1"
     agent = logs / "launcher.log"
+    killed = logs / "killed.jsonl"
     t0 = time.monotonic()
     proc: subprocess.Popen[Any] | None = None
     try:
         with open(agent, "w") as out:
-            try:
-                proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cfg.cwd,
-                                        start_new_session=True)
-            except OSError as e:
-                raise ValueError(f"cannot start the job {shlex.join(argv)}: {e}") from e
-            tree.root = proc.pid
+            # Under a guardian (runtime/processes.py): every process of the job, daemons included, is killed
+            # when the job ends, at the deadline, on a signal, or when this checker dies (SIGKILL included).
+            proc = processes.spawn(argv, report=killed, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   cwd=cfg.cwd)
             progress = Progress(name, events, enabled=cfg.progress)
             try:
                 while proc.poll() is None:
@@ -96,17 +95,19 @@ def run_side(name: str, argv: list[str], cfg: CheckConfig, deadline: float) -> S
                         side.timed_out = True
                         break
                     progress.update()
-                    time.sleep(0.25)
+                    time.sleep(0.1)
             finally:
                 progress.done()
-    except procs.Interrupted as e:
-        side.interrupted = signal_name(e.signum)
+    except processes.Interrupted as e:
+        side.interrupted = processes.signal_name(e.signum)
+        e.side = side  # type: ignore[attr-defined]  # check() reports what was seen until then
         raise
     finally:
-        tree.kill(proc)  # the deadline, a signal, an error here, or leftovers of a job that ended
-        tree.close()
+        if proc is not None:
+            processes.stop(proc)  # the deadline, a signal, an error here; at once when the job has ended
         side.seconds = time.monotonic() - t0
         side.returncode = proc.returncode if proc is not None else None
+        side.killed = processes.read_report(killed)
         side.agent_log = agent.read_text(errors="replace")[-8000:] if agent.exists() else ""
         side.ranks = results.read_run(events)
         side.exits = torchrun_exits(side.agent_log)
@@ -114,15 +115,6 @@ def run_side(name: str, argv: list[str], cfg: CheckConfig, deadline: float) -> S
         for rank, run in side.ranks.items():
             run.log_tail = tails.get(rank, side.agent_log)[-3000:]
     return side
-
-
-def signal_name(signum: int) -> str:
-    import signal
-
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 _FAILURE = re.compile(r"time\s*:\s*(?P<time>[^\n]+)\n\s*host\s*:[^\n]*\n\s*rank\s*:\s*(?P<rank>\d+)[^\n]*\n"
@@ -135,7 +127,7 @@ def torchrun_exits(agent_log: str) -> dict[int, dict[str, Any]]:
     for m in _FAILURE.finditer(agent_log):
         code = int(m["code"])
         out[int(m["rank"])] = {"exitcode": code, "time": m["time"].strip(),
-                               "signal": signal_name(-code) if code < 0 else None}
+                               "signal": processes.signal_name(-code) if code < 0 else None}
     return out
 
 
@@ -201,9 +193,15 @@ def find_checkpoints(side: Side, cfg: CheckConfig, since: float) -> list[dict[st
     (save_pretrained), and --checkpoint paths."""
     wanted: dict[str, dict[str, Any]] = {}
     out = str(cfg.out_dir.resolve())
+    roots = [Path(cfg.cwd or ".").resolve()]
+    if cfg.hf_model:
+        roots.append((cfg.out_dir / "hf-neuron").resolve())
+    written = [(f, kind) for root in roots for f, kind in _newer_files(root, since)]
     for run in side.ranks.values():
         for path, ev in run.saves.items():
             inside = path.startswith(out + os.sep) and not ev.get("buffer")
+            if not Path(path).is_file() and ev.get("inode"):  # renamed after the save: found by its inode
+                path = _renamed(Path(path), ev["inode"], [f for f, _ in written]) or path
             if not Path(path).is_file() or inside:
                 continue
             hf_dir = _hf_dir(Path(path))
@@ -212,17 +210,15 @@ def find_checkpoints(side: Side, cfg: CheckConfig, since: float) -> list[dict[st
             kind = ev.get("format", "torch.save")
             wanted.setdefault(path, {"path": path, "kind": kind, "saved": ev.get("tensors") or {},
                                      "buffer": bool(ev.get("buffer")), "rank": run.rank})
-    roots = [Path(cfg.cwd or ".").resolve()]
-    if cfg.hf_model:
-        roots.append((cfg.out_dir / "hf-neuron").resolve())
-    for root in roots:
-        for f in _newer_files(root, since):
-            if cfg.hf_model and f.parent == Path(cfg.hf_model).resolve():
-                continue  # the model under test, not something the job wrote
-            hf_dir = _hf_dir(f)
-            if hf_dir is not None:
-                wanted.setdefault(str(hf_dir), {"path": str(hf_dir), "kind": "hf"})
-            wanted.setdefault(str(f), {"path": str(f), "kind": "safetensors"})
+    for f, kind in written:  # every checkpoint file the job left in its folder, however it was written
+        if cfg.hf_model and f.parent == Path(cfg.hf_model).resolve():
+            continue  # the model under test, not something the job wrote
+        if str(f).startswith(out + os.sep) and not any(r != roots[0] and r in f.parents for r in roots):
+            continue  # the checker's own files (events, kept copies), not the built-in workload's output
+        hf_dir = _hf_dir(f)
+        if hf_dir is not None:
+            wanted.setdefault(str(hf_dir), {"path": str(hf_dir), "kind": "hf"})
+        wanted.setdefault(str(f), {"path": str(f), "kind": kind})
     for extra in cfg.checkpoints:
         p = Path(extra).resolve()
         kind = "hf" if _hf_dir(p / "config.json") else ("safetensors" if p.suffix == ".safetensors" else
@@ -240,8 +236,40 @@ def _hf_dir(f: Path) -> Path | None:
         return None
 
 
-def _newer_files(root: Path, since: float, max_depth: int = 4, max_entries: int = 20000) -> list[Path]:
-    """*.safetensors files under `root` written since `since` (a bounded walk: the job's cwd may be a home)."""
+def _renamed(path: Path, inode: list[int], candidates: list[Path]) -> str | None:
+    """Where a saved file went after the job renamed it: the file with its inode, beside it or among the files
+    the job wrote."""
+    try:
+        beside = list(path.parent.iterdir()) if path.parent.is_dir() else []
+    except OSError:
+        beside = []
+    for f in [*beside, *candidates]:
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        if [st.st_dev, st.st_ino] == list(inode) and f.is_file():
+            return str(f.resolve())
+    return None
+
+
+def _checkpoint_kind(f: Path) -> str | None:
+    """"safetensors", "torch.save" (a torch.save zip archive, whatever its name) or None."""
+    if f.name.endswith(".safetensors"):
+        return "safetensors"
+    try:
+        with open(f, "rb") as fh:
+            if fh.read(4) != b"PK\x03\x04":
+                return None
+        with zipfile.ZipFile(f) as z:
+            return "torch.save" if any(n.endswith("/data.pkl") or n == "data.pkl" for n in z.namelist()) else None
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return None
+
+
+def _newer_files(root: Path, since: float, max_depth: int = 4, max_entries: int = 20000) -> list[tuple[Path, str]]:
+    """Checkpoint files (safetensors, torch.save archives) under `root` written since `since`, with their kind
+    (a bounded walk: the job's cwd may be a home)."""
     found, seen = [], 0
     for dirpath, dirnames, filenames in os.walk(root):
         depth = len(Path(dirpath).relative_to(root).parts)
@@ -250,21 +278,27 @@ def _newer_files(root: Path, since: float, max_depth: int = 4, max_entries: int 
         if seen > max_entries:
             break
         for name in filenames:
-            if name.endswith(".safetensors"):
-                f = Path(dirpath, name)
-                try:
-                    if f.stat().st_mtime >= since:
-                        found.append(f)
-                except OSError:
+            f = Path(dirpath, name)
+            try:
+                if f.stat().st_mtime < since or not f.is_file():
                     continue
+            except OSError:
+                continue
+            kind = _checkpoint_kind(f)
+            if kind is not None:
+                found.append((f, kind))
     return found
 
 
-def load_on_cpu(items: list[dict[str, Any]], probe_ids: list[int] | None, deadline: float) -> dict[str, Any]:
-    """Load every checkpoint in one fresh process with the plugin blocked; path -> what it found."""
+def load_on_cpu(items: list[dict[str, Any]], probe_ids: list[int] | None, deadline: float,
+                thresholds: Thresholds | None = None) -> dict[str, Any]:
+    """Load every checkpoint (and the reference run's version of it) in one fresh process with the plugin
+    blocked; path -> what it found, with the comparison against the reference's."""
     if not items:
         return {}
-    request = {"items": [{"path": i["path"], "kind": i["kind"]} for i in items], "probe_ids": probe_ids}
+    th = thresholds or Thresholds()
+    request = {"items": [{"path": i["path"], "kind": i["kind"], "reference": i.get("reference")} for i in items],
+               "probe_ids": probe_ids, "rtol": th.loss_rtol, "atol": th.loss_atol}
     env = {k: v for k, v in os.environ.items() if k not in CHECK_VARIABLES}
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     try:
@@ -288,6 +322,16 @@ class Stash:
         self.root = (out_dir / "neuron-files").resolve()
         self.ref_root = (out_dir / "reference-files").resolve()
         self.moved: list[tuple[Path, Path]] = []
+        self.aside: dict[Path, Path] = {}  # an original path -> where the reference's version of it now is
+
+    def reference_copy(self, path: str) -> str | None:
+        """Where the reference run's version of `path` (a file or a file in a moved folder) was put aside."""
+        p = Path(path)
+        for original, aside in self.aside.items():
+            if p == original or original in p.parents:
+                found = aside / p.relative_to(original)
+                return str(found) if found.exists() else None
+        return None
 
     def hide(self, paths: list[str]) -> None:
         for d in (self.root, self.ref_root):
@@ -313,6 +357,7 @@ class Stash:
                 aside = self.ref_root / str(i) / original.name
                 aside.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(original), str(aside))
+                self.aside[original] = aside
             original.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(kept), str(original))
         self.moved = []
@@ -321,39 +366,114 @@ class Stash:
 # ------------------------------------------------------------------ the API
 def check(cfg: CheckConfig) -> dict[str, Any]:
     """Run the checklist; returns the report document (docs/check.md#json-schema). Raises ValueError for bad
-    input (before anything runs) and procs.Interrupted on SIGINT / SIGTERM (after the job was killed)."""
+    input (before anything runs) and processes.Interrupted on SIGINT / SIGTERM (after the job was killed), with
+    the report of what was seen until then as its ``doc`` (``interrupted`` set)."""
     cfg.validate()
     cfg.out_dir = Path(cfg.out_dir)
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("neuron", "neuron-logs", "reference", "reference-logs", "neuron-files", "reference-files"):
+    for name in ("neuron", "neuron-logs", "reference", "reference-logs", "neuron-files", "reference-files",
+                 "previous-outputs"):
         d = cfg.out_dir / name  # refuse before anything runs
         if d.exists() and not (d / MARKER).exists():
             _clear(d)
     deadline = time.monotonic() + cfg.timeout
     command, reference = job_commands(cfg)
+    previous = Previous(cfg.out_dir)
+    previous.hide()  # both runs start from the same state: neither sees what the last check's job wrote
     started = time.time()
-    with procs.guarded():
-        neuron = run_side("neuron", launcher_argv(command, cfg.nproc_per_node, (cfg.out_dir / "neuron-logs")),
-                          cfg, deadline)
-        items = find_checkpoints(neuron, cfg, started)
-        loaded = load_on_cpu(items, verdicts.PROBE_IDS, deadline)
+    neuron: Side | None = None
+    ref: Side | None = None
+    items: list[dict[str, Any]] = []
+    skipped = None
+    try:
+        with processes.guarded():
+            neuron = run_side("neuron", launcher_argv(command, cfg.nproc_per_node, (cfg.out_dir / "neuron-logs")),
+                              cfg, deadline)
+            items = find_checkpoints(neuron, cfg, started)
+            if reference is None:
+                skipped = "no reference"
+            elif neuron.timed_out:
+                skipped = "the job timed out"
+            else:
+                nproc = cfg.nproc_per_node if cfg.reference_nproc_per_node == -1 else (
+                    cfg.reference_nproc_per_node or None)
+                stash = Stash(cfg.out_dir)
+                stash.hide([i["path"] for i in items if not i.get("buffer") and not i["path"].startswith(
+                    str(cfg.out_dir.resolve()) + os.sep)])
+                try:
+                    ref = run_side("reference", launcher_argv(reference, nproc, cfg.out_dir / "reference-logs"),
+                                   cfg, deadline)
+                finally:
+                    stash.restore()
+                for item in items:  # the reference's version of each checkpoint, kept aside, to compare with
+                    item["reference"] = stash.reference_copy(item["path"])
+            loaded = load_on_cpu(items, verdicts.PROBE_IDS, deadline, cfg.thresholds)
+            for item in items:
+                item["loaded"] = loaded.get(item["path"], {"ok": False, "error": "not loaded"})
+    except processes.Interrupted as e:
+        previous.restore()
+        side = getattr(e, "side", None)
+        if neuron is None:
+            neuron = side if side is not None else Side("neuron", command, interrupted=processes.signal_name(e.signum))
+        elif side is not None and side is not neuron:
+            ref = side
         for item in items:
-            item["loaded"] = loaded.get(item["path"], {"ok": False, "error": "not loaded"})
-        ref = None
-        skipped = None
-        if reference is None:
-            skipped = "no reference"
-        elif neuron.timed_out:
-            skipped = "the job timed out"
-        else:
-            nproc = cfg.nproc_per_node if cfg.reference_nproc_per_node == -1 else (cfg.reference_nproc_per_node
-                                                                                  or None)
-            stash = Stash(cfg.out_dir)
-            stash.hide([i["path"] for i in items if not i.get("buffer") and not i["path"].startswith(
-                str(cfg.out_dir.resolve()) + os.sep)])
+            item.setdefault("loaded", {"ok": False, "error": "not loaded: the check was interrupted"})
+        e.doc = verdicts.judge(cfg, neuron, ref, items, reference_skipped=skipped)  # type: ignore[attr-defined]
+        raise
+    except BaseException:
+        previous.restore()
+        raise
+    previous.restore()
+    previous.record([i["path"] for i in items if not i.get("buffer") and not i["path"].startswith(
+        str(cfg.out_dir.resolve()) + os.sep)])
+    doc = verdicts.judge(cfg, neuron, ref, items, reference_skipped=skipped)
+    doc["hidden_previous_outputs"] = [str(p) for p in previous.hidden]
+    if previous.hidden:
+        doc["layers"]["correctness"]["evidence"].append(
+            {"verdict": "info", "check": "previous_outputs", "message": "the files the previous check's job wrote "
+             f"({', '.join(str(p) for p in previous.hidden[:5])}) were hidden from both runs, so both started "
+             "from the same state (without them); those the job did not write again were put back"})
+    return doc
+
+
+class Previous:
+    """What the job wrote in the previous check with this --out (listed in <out>/outputs.json): hidden from
+    both runs while they run, so that a job that resumes from its own output starts fresh on both sides, then
+    put back where the job did not write them again."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.manifest = (out_dir / "outputs.json").resolve()
+        self.root = (out_dir / "previous-outputs").resolve()
+        self.hidden: list[Path] = []
+        self.moved: list[tuple[Path, Path]] = []
+
+    def hide(self) -> None:
+        try:
+            paths = [Path(p) for p in json.loads(self.manifest.read_text())]
+        except (OSError, ValueError, TypeError):
+            return
+        _clear(self.root)
+        self.root.mkdir(parents=True)
+        (self.root / MARKER).touch()
+        for i, p in enumerate(paths):
+            if not p.exists():
+                continue
+            target = self.root / str(i) / p.name
+            target.parent.mkdir(parents=True)
             try:
-                ref = run_side("reference", launcher_argv(reference, nproc, cfg.out_dir / "reference-logs"), cfg,
-                               deadline)
-            finally:
-                stash.restore()
-    return verdicts.judge(cfg, neuron, ref, items, reference_skipped=skipped)
+                shutil.move(str(p), str(target))
+            except OSError:
+                continue
+            self.moved.append((p, target))
+            self.hidden.append(p)
+
+    def restore(self) -> None:
+        for original, kept in self.moved:
+            if not original.exists() and kept.exists():
+                original.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(kept), str(original))
+        self.moved = []
+
+    def record(self, paths: list[str]) -> None:
+        self.manifest.write_text(json.dumps(sorted(set(paths))))

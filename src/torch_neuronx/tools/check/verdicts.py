@@ -139,7 +139,8 @@ def _against_reference(layer: Layer, neuron: Side, ref: Side | None, th: Thresho
     bad_ranks = [r for r, run in ref.ranks.items() if run.status != "ok"] or ([] if ref.ranks else [0])
     if ref.timed_out or bad_ranks:
         layer.add("warn", "reference", f"the reference run did not finish (ranks {bad_ranks}); nothing was "
-                  "compared", log_tail=next(iter(ref.ranks.values())).log_tail if ref.ranks else ref.agent_log)
+                  f"compared. {_reference_error(ref)}", log_tail=next(iter(ref.ranks.values())).log_tail
+                  if ref.ranks else ref.agent_log)
         return
     if len(ref.ranks) != len(neuron.ranks):
         _mean_losses(layer, neuron, ref, th)
@@ -188,6 +189,18 @@ def _against_reference(layer: Layer, neuron: Side, ref: Side | None, th: Thresho
             layer.add("pass" if ok else "fail", "record", f"rank {rank}: {name!r} "
                       f"{'matches' if ok else 'differs from'} the reference (max |difference| {diff:.3g})",
                       rank=rank, name=name, max_abs_diff=diff)
+
+
+def _reference_error(ref: Side) -> str:
+    """Why the reference run failed, in one line: its first rank's exception, else its log's last lines."""
+    if ref.timed_out:
+        return "It did not finish before the deadline."
+    for _, run in sorted(ref.ranks.items()):
+        if run.errors:
+            e = run.errors[0]
+            return f"Its error (rank {run.rank}): {e['type'].rsplit('.', 1)[-1]}: {e['message'][:500]}"
+    tail = [t for t in (ref.agent_log or "").strip().splitlines() if t.strip()][-3:]
+    return f"Its last output: {' | '.join(tail)[:500]}" if tail else f"It exited with code {ref.returncode}."
 
 
 def _mean_losses(layer: Layer, neuron: Side, ref: Side, th: Thresholds) -> None:
@@ -266,8 +279,11 @@ def _checkpoints(layer: Layer, neuron: Side, items: list[dict[str, Any]]) -> Non
             diff = _max_diff(logits, got["probe_logits"])
             if diff > 1e-4:
                 problems.append(f"its logits on a fixed batch differ from the trained model's by {diff:.3g}")
+        versus = got.get("vs_reference")
+        problems += _vs_reference(versus)
         if problems:
-            layer.add("fail", "checkpoint", f"{path}: " + "; ".join(problems), path=path)
+            layer.add("fail", "checkpoint", f"{path}: " + "; ".join(problems), path=path,
+                      worst=(versus or {}).get("worst"))
             continue
         same = ("holds exactly the values saved" if saved else
                 "gives the trained model's logits" if item["kind"] == "hf" and logits is not None else
@@ -279,8 +295,40 @@ def _checkpoints(layer: Layer, neuron: Side, items: list[dict[str, Any]]) -> Non
         if got.get("note"):
             note += f"; it {got['note']}"
         shown = f"{path} (written through a buffer by rank {item.get('rank')})" if item.get("buffer") else path
+        if versus:
+            w = versus.get("worst") or {}
+            worst = f"; worst {w['key']}: max |difference| {w['max_abs_diff']:.3g} (bound {w['bound']:.3g})" if w \
+                else ""
+            note += (f"; it matches the reference run's version: the same {versus['compared']} keys, shapes and "
+                     f"dtypes, values within tolerance{worst}")
+        elif item.get("reference_expected"):
+            note += "; the reference run wrote no version of it, so it was not compared"
         layer.add("pass", "checkpoint", f"{shown} loads on CPU in a fresh process without torch_neuronx and "
-                  f"{same}{note}", path=path)
+                  f"{same}{note}", path=path, worst=(versus or {}).get("worst"))
+
+
+def _vs_reference(versus: dict[str, Any] | None) -> list[str]:
+    """What differs between a checkpoint and the reference run's version of it (cpu_loader.compare)."""
+    if not versus:
+        return []
+    if "error" in versus:
+        return [f"the reference run's version did not load, so it was not compared: {versus['error']}"]
+    problems = []
+    if versus["missing"]:
+        problems.append(f"keys the reference run saved are missing: {versus['missing'][:5]}")
+    if versus["extra"]:
+        problems.append(f"keys the reference run did not save: {versus['extra'][:5]}")
+    if versus["shapes"]:
+        problems.append("shapes differ from the reference's: " + ", ".join(f"{k} {a} vs {b}" for k, a, b in
+                                                                            versus["shapes"][:5]))
+    if versus["dtypes"]:
+        problems.append("dtypes differ from the reference's: " + ", ".join(f"{k} {a} vs {b}" for k, a, b in
+                                                                            versus["dtypes"][:5]))
+    if versus["values"]:
+        k, diff, bound = versus["values"][0]
+        problems.append(f"{len(versus['values'])} tensor(s) differ from the reference's beyond tolerance, the worst "
+                        f"{k}: max |difference| {diff:.4g} (bound {bound:.3g} = atol + rtol x max|reference|)")
+    return problems
 
 
 # ------------------------------------------------------------------ compilation
@@ -384,6 +432,7 @@ def distribution(neuron: Side, world: int) -> Layer:
                           "(torch refuses it); shard each module once, and do not let a trainer wrap a model that "
                           "is already sharded", rank=rank, error=e["message"][:300])
     _collectives(layer, neuron)
+    _optimizer_steps(layer, neuron, world)
     _replicas(layer, neuron, world)
     meshes = {json.dumps(sorted((tuple(m["shape"]), tuple(m["names"])) for m in run.meshes if "error" not in m))
               for run in neuron.ranks.values()}
@@ -449,6 +498,20 @@ def _replicas(layer: Layer, neuron: Side, world: int) -> None:
               f"{len(common)} steps (digests of the optimizer's parameters, compared between ranks' event files)")
 
 
+def _optimizer_steps(layer: Layer, neuron: Side, world: int) -> None:
+    """Every rank of one job steps its optimizer as often as the others (data, tensor and pipeline parallel
+    alike): a rank that took fewer steps holds other parameters than its peers."""
+    steps = {r: run.optimizer_steps for r, run in sorted(neuron.ranks.items()) if run.end is not None and
+             not (run.end or {}).get("markers")}
+    if world < 2 or len(steps) < 2 or len({v for v in steps.values() if v is not None}) < 2:
+        return
+    most = max(steps, key=lambda r: steps[r] or 0)
+    fewer = [r for r, v in steps.items() if (v or 0) < (steps[most] or 0)]
+    shown = ", ".join(f"rank {r} took {steps[r] or 0}" for r in fewer)
+    layer.add("fail", "optimizer_steps", f"ranks took different numbers of optimizer steps: {shown}, rank {most} took "
+              f"{steps[most]}; replicas hold different parameters", ranks=fewer, steps=steps)
+
+
 def _collectives(layer: Layer, neuron: Side) -> None:
     per_rank = {}
     for rank, run in neuron.ranks.items():
@@ -469,27 +532,39 @@ def _collectives(layer: Layer, neuron: Side) -> None:
 
 
 # ------------------------------------------------------------------ operations
-def operations(neuron: Side, th: Thresholds, timeout: float) -> Layer:
+def operations(neuron: Side, th: Thresholds, timeout: float, ref: Side | None = None) -> Layer:
     layer = Layer()
     if neuron.interrupted:
         layer.add("fail", "interrupted", f"the check was stopped by {neuron.interrupted}; every process of the job "
                   "was killed")
+    elif ref is not None and ref.interrupted:
+        layer.add("fail", "interrupted", f"the check was stopped by {ref.interrupted} while the reference ran; "
+                  "every process of it was killed")
     _first_stop(layer, neuron)
     failed = [r for r, run in sorted(neuron.ranks.items()) if run.status == "error"]
+    first_error = min((float(neuron.ranks[r].errors[0]["t"]) for r in failed), default=None)
     for rank, run in sorted(neuron.ranks.items()):
+        done = len(run.compared_steps())  # steps are numbered from 0: the one it was in is the next number
         if run.status == "error":
             e = run.errors[0]
             oom = "OutOfMemoryError" in e["type"]
             what = "ran out of device memory" if oom else f"crashed with {e['type'].rsplit('.', 1)[-1]}"
-            layer.add("fail", "oom" if oom else "crash", f"rank {rank} {what} at step {len(run.steps)}: "
-                      f"{e['message'][:600]}", rank=rank, log_tail=run.log_tail[-2000:])
+            layer.add("fail", "oom" if oom else "crash", f"rank {rank} {what} in step {done} (after {done} "
+                      f"completed step(s)): {e['message'][:600]}", rank=rank, step=done,
+                      log_tail=run.log_tail[-2000:])
         elif run.status == "stopped":
-            why = (f"did not finish within the {timeout:.0f} s deadline (hung or too slow); its last event was at "
-                   f"step {len(run.steps)}" if neuron.timed_out else
-                   f"was stopped by the launcher after rank(s) {failed} failed" if failed else
-                   f"exited without finishing (killed or os._exit; return code {neuron.returncode})")
+            exit_ = neuron.exits.get(rank, {})
+            stopped_after = first_error is not None and run.stopped_at is not None and run.stopped_at > first_error
+            how = (f"was killed by {exit_['signal']}" if exit_.get("signal") else
+                   f"exited with code {exit_['exitcode']}" if exit_ else "exited")
+            why = (f"did not finish within the {timeout:.0f} s deadline (hung or too slow); it was in step {done} "
+                   f"(after {done} completed step(s))" if neuron.timed_out else
+                   f"was stopped by the launcher after rank(s) {failed} failed" if failed and stopped_after else
+                   f"{how} in step {done} without a Python exception (killed, os._exit or an abort in C++; "
+                   f"return code {neuron.returncode})")
             layer.add("fail", "hang" if neuron.timed_out else "crash", f"rank {rank} {why}", rank=rank,
                       log_tail=run.log_tail[-2000:])
+    _leftovers(layer, neuron)
     if not neuron.ranks:
         layer.add("fail", "crash", f"the job wrote no measurement (return code {neuron.returncode}); is it a Python "
                   "job that imports torch?", log_tail=neuron.agent_log[-2000:])
@@ -519,6 +594,23 @@ def operations(neuron: Side, th: Thresholds, timeout: float) -> Layer:
                       f"{st['p90'] * 1e3:.1f} ms over {st['steps']} steps{rate} (emulated: host time, not Trainium's)"
                       f"; compile {run.compile_seconds():.1f} s", rank=rank)
     return layer
+
+
+def _leftovers(layer: Layer, neuron: Side) -> None:
+    """Processes the job left running after it ended (daemons, helpers in sessions of their own): the
+    checker's guardian killed them; on a Trainium host they would hold the cores the next job needs."""
+    left = [k for k in neuron.killed if k.get("when") == "left running"]
+    if left:
+        shown = "; ".join(f"pid {k['pid']}: {str(k['command'])[:160]}" for k in left[:8])
+        layer.add("warn", "leftover_processes", f"the job left {len(left)} process(es) running after it ended; "
+                  f"the checker killed them: {shown}. Stop or wait for the processes a job starts (on a Trainium "
+                  "host a leftover process can hold the NeuronCores the next job needs)", processes=left)
+    stopped = [k for k in neuron.killed if k.get("when") != "left running"]
+    if stopped:
+        why = "at the deadline" if neuron.timed_out else f"on {neuron.interrupted}" if neuron.interrupted else \
+            "when the check stopped"
+        layer.add("info", "killed", f"{len(stopped)} process(es) of the job were killed {why}: "
+                  + "; ".join(f"pid {k['pid']}: {str(k['command'])[:120]}" for k in stopped[:8]), processes=stopped)
 
 
 def _leak(layer: Layer, rank: int, run: Any, min_steps: int = 4) -> None:
@@ -596,7 +688,7 @@ def judge(cfg: CheckConfig, neuron: Side, ref: Side | None, items: list[dict[str
     th = cfg.thresholds
     layers = {"correctness": correctness(neuron, ref, items, th, reference_skipped),
               "compilation": compilation(neuron, th),
-              "distribution": distribution(neuron, world), "operations": operations(neuron, th, cfg.timeout)}
+              "distribution": distribution(neuron, world), "operations": operations(neuron, th, cfg.timeout, ref)}
     steps = []
     for rank, run in sorted(neuron.ranks.items()):
         ref_losses = ref.ranks[rank].losses() if ref is not None and rank in ref.ranks else []
@@ -622,6 +714,7 @@ def judge(cfg: CheckConfig, neuron: Side, ref: Side | None, items: list[dict[str
         "steps": steps,
         "reference": None if ref is None else {
             "seconds": ref.seconds, "timed_out": ref.timed_out, "returncode": ref.returncode,
+            "interrupted": ref.interrupted, "killed": ref.killed,
             "ranks": [{"rank": r, "status": run.status, "losses": run.losses()}
                       for r, run in sorted(ref.ranks.items())]},
         "checkpoints": [{"path": i["path"], "kind": i["kind"], "loads_on_cpu": bool(i["loaded"].get("ok")),
@@ -629,6 +722,7 @@ def judge(cfg: CheckConfig, neuron: Side, ref: Side | None, items: list[dict[str
                         for i in items],
         "reference_skipped": reference_skipped if reference_skipped != "no reference" else None,
         "run": {"seconds": neuron.seconds, "timed_out": neuron.timed_out, "returncode": neuron.returncode,
-                "interrupted": neuron.interrupted},
+                "interrupted": neuron.interrupted, "killed": neuron.killed},
+        "interrupted": neuron.interrupted or (ref.interrupted if ref is not None else None),
     }
 
