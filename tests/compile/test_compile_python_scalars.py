@@ -156,3 +156,73 @@ def test_dropout_with_a_changing_probability() -> None:
     # F.dropout needs p as a constant: Dynamo specialises it (the same on CPU), and the metrics say why.
     reasons = [r["reason"] for r in metrics.snapshot()["recompile_reasons"]]
     assert len(reasons) == 2 and all("p ==" in r for r in reasons), reasons
+
+
+def _softmax_with_temperature(x: torch.Tensor, temperature: float) -> torch.Tensor:
+    return torch.softmax(x / temperature, -1)
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_float_changed_together_with_the_input_shape(fullgraph: bool) -> None:
+    # Issue 34 review: once the size changes too, Dynamo's graph takes a symbolic size and the float; the neuron
+    # backend compiles it per shape outside Dynamo's tracing context, where the float must still be an input.
+    def calls(device: str, backend: str) -> list[torch.Tensor]:
+        compiled = torch.compile(_softmax_with_temperature, backend=backend, fullgraph=fullgraph)
+        torch.manual_seed(0)
+        data = torch.randn(1, 6)
+        return [compiled(data[:, :n].to(device), t).cpu() for n, t in ((4, 1.0), (4, 0.7), (6, 0.7), (6, 0.3))]
+
+    neuron, neuron_graphs, cpu, cpu_graphs = _on_both(calls)
+    for a, b in zip(neuron, cpu, strict=True):
+        torch.testing.assert_close(a, b)
+    assert neuron_graphs == cpu_graphs
+
+
+class _TopScaled(torch.nn.Module):
+    """An int and a float keyword, as in a sampling head: ``model(x, temperature=t, k=k)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, temperature: float = 1.0, k: int = 2) -> torch.Tensor:
+        return self.lin(x) / temperature * k
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_float_changed_together_with_an_int(fullgraph: bool) -> None:
+    def calls(device: str, backend: str) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = _TopScaled().to(device)
+        compiled = torch.compile(model, backend=backend, fullgraph=fullgraph)
+        x = torch.randn(2, 4).to(device)
+        return [compiled(x, temperature=t, k=k).detach().cpu() for t, k in ((1.0, 2), (0.7, 2), (0.3, 3), (1.5, 3))]
+
+    neuron, neuron_graphs, cpu, cpu_graphs = _on_both(calls)
+    for a, b in zip(neuron, cpu, strict=True):
+        torch.testing.assert_close(a, b)
+    assert neuron_graphs == cpu_graphs
+
+
+def test_changing_int_is_specialised_per_value_and_the_warnings_name_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An int that changes is compiled into each graph (one per value, as for shapes): the warnings must name the
+    # argument and not advise bucketing, which pads shapes and cannot help a value.
+    monkeypatch.setattr(metrics, "recompile_warning_threshold", 1)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 3)
+
+    def scale(x: torch.Tensor, k: int) -> torch.Tensor:
+        return x * k + 1
+
+    compiled = torch.compile(scale, backend="neuron")
+    x = torch.arange(3.0)
+    with pytest.warns(UserWarning) as caught:
+        for k in (2, 3, 4, 5, 6):
+            torch.testing.assert_close(compiled(x.to("neuron"), k).cpu(), scale(x, k))
+    texts = [str(w.message) for w in caught if "torch_neuronx" in str(w.message)]
+    recompiles = [t for t in texts if "recompiled" in t]
+    limit = [t for t in texts if "recompile_limit" in t]
+    assert len(recompiles) == 1 and "L['k'] took 2 values (3, 4)" in recompiles[0], texts
+    assert len(limit) == 1 and "int argument L['k']" in limit[0], texts
+    assert all("as a tensor" in t and "bucketing" not in t for t in recompiles + limit), texts
+    # The first value, then one graph per value until the limit (3 per Dynamo graph); k=6 runs eagerly.
+    assert metrics.snapshot()["graphs_compiled"] == 4

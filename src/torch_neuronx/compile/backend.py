@@ -95,15 +95,15 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *, mode:
         placement.place_graph(gm, device)
         if scalars and not any(isinstance(x, torch.SymInt) for x in example_inputs):
             # Compiled now, inside Dynamo's tracing context: its shape environment knows the Python numbers the
-            # graph reads with item(); a later, specialised compile would not (Inductor would raise).
+            # graph reads with item().
             moved = [x.to(device) if i in cpu else x for i, x in enumerate(example_inputs)]
             run = compile_graph(gm, moved, function, compile_id, options, names)
         else:
-            run = _StaticSpecializer(gm, function, compile_id, options, names)  # compiles at the first call
+            run = _StaticSpecializer(gm, function, compile_id, options, names, scalars)  # compiles at first call
         return placement.CpuInputs(run, cpu, device, back_to)
     placement.output_device(example_inputs, scalars)  # all on neuron: outputs stay, whatever the mode
     if any(isinstance(x, torch.SymInt) for x in example_inputs):
-        return _StaticSpecializer(gm, function, compile_id, options)
+        return _StaticSpecializer(gm, function, compile_id, options, scalars=scalars)
     return compile_graph(gm, example_inputs, function, compile_id, options)
 
 
@@ -118,12 +118,14 @@ def fallback_execution(options: dict[str, Any]) -> bool:
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], function: str, compile_id: str | None,
-                  options: dict[str, Any], names: list[str] | None = None) -> Callable[..., Any]:
+                  options: dict[str, Any], names: list[str] | None = None, *,
+                  read_scalars: bool = False) -> Callable[..., Any]:
     """Compile one static graph through the memory and disk caches, and record it.
 
     `names` are the inputs' Dynamo sources ("" for sizes Dynamo passes as ints);
     by default they are read from the graph, where Dynamo keeps them until it
-    finishes compiling.
+    finishes compiling. `read_scalars`: compile outside Dynamo's tracing context
+    a graph that reads Python numbers from 0-d tensor inputs (:func:`static_fake_inputs`).
     """
     start = time.perf_counter()
     names = names if names is not None else input_names(gm)  # before Inductor takes over the graph
@@ -147,8 +149,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], function:
             if cache.enabled() and key is not None and not preserve:
                 metrics.record_cache("memory", hit=False)
             try:
-                compiled, outcome = _compile(gm, example_inputs, inductor_options, files if preserve else None,
-                                             timing)
+                compiled, outcome = _compile(gm, static_fake_inputs(example_inputs) if read_scalars else example_inputs,
+                                             inductor_options, files if preserve else None, timing, read_scalars)
             except Exception as exc:
                 if not fallback_execution(options):
                     raise
@@ -168,9 +170,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], function:
 
 
 def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict[str, Any],
-             files: artifacts.GraphArtifacts | None, timing: dict[str, float]) -> tuple[Callable[..., Any], str]:
+             files: artifacts.GraphArtifacts | None, timing: dict[str, float],
+             static_fakes: bool = False) -> tuple[Callable[..., Any], str]:
     """Inductor's compile, timed around its inner compile; through the disk cache unless `files` is
-    given (preserving artifacts compiles afresh)."""
+    given (preserving artifacts compiles afresh). `static_fakes`: the inputs come from :func:`static_fake_inputs`."""
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
     from torch_neuronx.compile import inductor
@@ -194,9 +197,11 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict[
         import torch._functorch.config as functorch_config
 
         with functorch_config.patch(enable_autograd_cache=False, force_non_lazy_backward_lowering=True):
-            return compile_fx(gm, example_inputs, inner_compile=timed_inner, config_patches=patches), "off"
+            return compile_fx(gm, example_inputs, inner_compile=timed_inner, config_patches=patches,
+                           ignore_shape_env=static_fakes), "off"
     compiled, disk = cache.compile_with_disk_cache(
-        lambda: compile_fx(gm, example_inputs, inner_compile=timed_inner, config_patches=patches))
+        lambda: compile_fx(gm, example_inputs, inner_compile=timed_inner, config_patches=patches,
+                           ignore_shape_env=static_fakes))
     if disk.removed_corrupt:
         metrics.record_corrupt(disk.removed_corrupt)
     if disk.result != "off":
@@ -266,17 +271,22 @@ class _StaticSpecializer:
     """Runs a graph Dynamo traced with symbolic sizes as one static graph per concrete input shape.
 
     Compiles happen at the first call with a shape, outside Dynamo's tracing
-    context, so Inductor sees concrete sizes. Like Dynamo, it stops compiling
+    context, so Inductor sees concrete sizes. The Python numbers Dynamo passes
+    as 0-d tensors (`scalars`, positions) stay runtime inputs: the compile runs
+    on fake inputs whose shape environment lets the graph read them with
+    ``item()``, so a new value reuses the graph. Like Dynamo, it stops compiling
     after ``torch._dynamo.config.recompile_limit`` graphs and runs the rest eagerly.
     """
 
     def __init__(self, gm: torch.fx.GraphModule, function: str, compile_id: str | None,
-                 options: dict[str, Any], names: list[str] | None = None) -> None:
+                 options: dict[str, Any], names: list[str] | None = None,
+                 scalars: frozenset[int] = frozenset()) -> None:
         self.gm = gm
         self.function = function
         self.compile_id: str | None = compile_id
         self.options = options
         self.names = names if names is not None else input_names(gm)
+        self.scalars = scalars
         self.graphs: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self.gave_up = False
 
@@ -290,18 +300,40 @@ class _StaticSpecializer:
             if len(self.graphs) >= dynamo_config.recompile_limit:
                 if not self.gave_up:
                     self.gave_up = True
-                    warnings.warn(
-                        f"torch_neuronx: {self.function} reached torch._dynamo.config.recompile_limit "
-                        f"({dynamo_config.recompile_limit}) shapes; new shapes run eagerly. "
-                        "Bucket the inputs (torch_neuronx.compile.bucketing).",
-                        stacklevel=2,
-                    )
+                    warnings.warn(limit_message(self.function, dynamo_config.recompile_limit,
+                                                self._varying_values([*self.graphs, key])), stacklevel=2)
                 return self.gm(*args)
             compiled = compile_graph(self.gm, list(args), self.function, self.compile_id, self.options,
-                                     self.names)
+                                     self.names, read_scalars=bool(self.scalars))
             self.compile_id = None  # Dynamo's recompile reason belongs to the first specialisation only
             self.graphs[key] = compiled
         return compiled(*args)
+
+    def _varying_values(self, keys: list[tuple[Any, ...]]) -> list[str]:
+        """The named int arguments (not sizes) whose value differs between the specialisations `keys`."""
+        return [name for i, name in enumerate(self.names)
+                if name and i < len(keys[0]) and isinstance(keys[0][i], int) and len({k[i] for k in keys}) > 1]
+
+
+def limit_message(function: str, limit: int, int_arguments: list[str] | None = None) -> str:
+    """The warning for a graph specialised past Dynamo's recompile limit: on sizes, or on the values of the
+    `int_arguments` (Dynamo's sources of int arguments that changed)."""
+    head = f"torch_neuronx: {function} reached torch._dynamo.config.recompile_limit ({limit}) graphs"
+    if int_arguments:
+        return (f"{head} for values of the int argument {', '.join(int_arguments)} (each value is its own Neuron "
+                "graph); new values run eagerly. Pass a value that changes as a tensor, or keep it constant.")
+    return f"{head} for shapes; new shapes run eagerly. Bucket the inputs (torch_neuronx.compile.bucketing)."
+
+
+def static_fake_inputs(args: list[Any]) -> list[Any]:
+    """Fake copies of `args` with static shapes, in a fake mode with a shape environment: the graph's ``item()``
+    on a Python number's 0-d tensor then traces to a symbolic value read at each run (without one, fake tensors
+    raise DataDependentOutputException), as inside Dynamo's tracing context. Ints stay constants."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    return [fake_mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
 
 
 def _current_function() -> str:
@@ -328,7 +360,8 @@ def _compile_id(gm: torch.fx.GraphModule) -> str | None:
 
 
 def input_names(gm: torch.fx.GraphModule) -> list[str]:
-    """Dynamo's source of each graph input, e.g. "L['x']"; "" for a size Dynamo made symbolic."""
+    """Dynamo's source of each graph input, e.g. "L['x']"; "" for a size Dynamo made symbolic (an int argument
+    Dynamo made symbolic keeps its name: it is specialised per value, and the metrics say so)."""
     names = []
     for node in gm.graph.nodes:
         if node.op != "placeholder":
@@ -336,11 +369,24 @@ def input_names(gm: torch.fx.GraphModule) -> list[str]:
         grapharg = node.meta.get("grapharg")
         source = getattr(grapharg, "source", None)
         example = node.meta.get("example_value")
-        if isinstance(example, torch.SymInt):
+        if isinstance(example, torch.SymInt) and (source is None or _is_tensor_property(source)):
             names.append("")
         else:
             names.append(source.name if source is not None else node.name)
     return names
+
+
+def _is_tensor_property(source: Any) -> bool:
+    """Whether a Dynamo source is a size, stride or offset of a tensor input (not a Python int the user passed)."""
+    try:
+        from torch._dynamo.source import TensorPropertySource
+    except ImportError:  # an internal module: read the source's text instead
+        TensorPropertySource = ()  # noqa: N806
+    if TensorPropertySource and isinstance(source, TensorPropertySource):
+        return True
+    name = getattr(source, "name", "")
+    name = name() if callable(name) else name
+    return any(part in str(name) for part in (".size()", ".stride()", ".storage_offset()"))
 
 
 def _describe(names: list[str], inputs: list[Any]) -> tuple[InputDesc, ...]:

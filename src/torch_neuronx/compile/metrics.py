@@ -263,6 +263,8 @@ def _varying_dims(graphs: list[GraphRecord]) -> dict[tuple[str, int], set[int]]:
             for (name, dim), seen in sizes.items():
                 if desc.name == name and desc.shape is not None and 0 <= dim < len(desc.shape):
                     seen.add(desc.shape[dim])
+                elif desc.name == name and desc.shape is None and dim < 0 and isinstance(desc.value, int | float):
+                    seen.add(desc.value)  # a Python number the graph is specialised on (an int argument)
     return sizes
 
 
@@ -272,21 +274,32 @@ def _describe_change(name: str, dim: int, before: Any, after: Any) -> str:
     return f"{name} dim {dim}: {before} -> {after}"
 
 
-def _warn_recompiles(function: str, recompiles: int, varying: dict[tuple[str, int], set[int]]) -> None:
-    if varying:
-        dims = "; ".join(
-            f"{name} dim {dim} took {len(sizes)} sizes ({', '.join(map(str, sorted(sizes)[:8]))}"
-            f"{', ...' if len(sizes) > 8 else ''})"
-            for (name, dim), sizes in varying.items() if dim >= 0
-        ) or "non-tensor inputs changed"
+def _listed(values: set[Any]) -> str:
+    return f"({', '.join(map(str, sorted(values)[:8]))}{', ...' if len(values) > 8 else ''})"
+
+
+BUCKETING_ADVICE = ("Every new shape is a new Neuron graph: pad inputs to a few fixed sizes with "
+                    "torch_neuronx.compile.bucketing (pad_batch(..., pad_to_multiple_of=128) or "
+                    "propose_buckets(lengths, max_graphs=N)).")
+VALUE_ADVICE = ("Neuron graphs are specialised on each value of an int argument (one graph per value): pass a "
+                "value that changes as a tensor, or keep it constant.")
+
+
+def _warn_recompiles(function: str, recompiles: int, varying: dict[tuple[str, int], set[Any]]) -> None:
+    shapes = [f"{name} dim {dim} took {len(sizes)} sizes {_listed(sizes)}"
+              for (name, dim), sizes in varying.items() if dim >= 0]
+    values = [f"{name} took {len(seen)} values {_listed(seen)}"
+              for (name, dim), seen in varying.items() if dim < 0 and seen]
+    advice = [BUCKETING_ADVICE] if shapes else []
+    if values:
+        advice.append(VALUE_ADVICE)
+    if not shapes and not values:
+        varied = "not a shape change (see torch._dynamo recompile reasons: TORCH_LOGS=recompiles)"
+        advice = ["Dynamo recompiled on a guard that failed: a Python value the code depends on changed."]
     else:
-        dims = "not a shape change (see torch._dynamo recompile reasons: TORCH_LOGS=recompiles)"
-    warnings.warn(
-        f"torch_neuronx: {function} recompiled {recompiles} times; varying: {dims}. Every new shape is a "
-        "new Neuron graph: pad inputs to a few fixed sizes with torch_neuronx.compile.bucketing "
-        "(pad_batch(..., pad_to_multiple_of=128) or propose_buckets(lengths, max_graphs=N)).",
-        stacklevel=3,
-    )
+        varied = "; ".join(shapes + values)
+    warnings.warn(f"torch_neuronx: {function} recompiled {recompiles} times; varying: {varied}. {' '.join(advice)}",
+                  stacklevel=3)
 
 
 def _graph_breaks() -> Counter[str]:
