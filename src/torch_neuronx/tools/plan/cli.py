@@ -152,9 +152,13 @@ def _probe_output(path: str, what: str) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
-    except KeyboardInterrupt:  # Ctrl-C (or a builder raising it): one line, the shell's status for SIGINT
-        print("torch-neuronx plan: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM under processes.guarded(), or a builder raising it
+        signum = getattr(e, "signum", None)  # processes.Interrupted names its signal (its processes are gone)
+        if signum is None:
+            print("torch-neuronx plan: interrupted", file=sys.stderr)
+            return 130
+        print(f"torch-neuronx plan: {e}; every process it started was stopped", file=sys.stderr)
+        return 128 + signum
     except BrokenPipeError:
         # the reader (head, less) closed the pipe: not an error; keep Python from complaining at exit
         import os

@@ -1,0 +1,123 @@
+"""Where the test suite's time goes: by test file and by kind (torchrun, subprocess, compile, in-process).
+
+CI has a 90-minute limit per submission and the suite is most of it; this is the
+measurement the budget in docs/testing.md is kept with. It runs pytest (the
+whole suite, or the arguments after ``--``) with the suite plugin's report
+(``torch_neuronx.testing.suite``), or reads a report written before
+(``--from``), and prints:
+
+* wall seconds per kind, with test counts and the CPU seconds spent in this
+  process and in the processes it waited for;
+* the files that cost most;
+* the slowest tests.
+
+Usage::
+
+    python benchmarks/bench_suite.py                          # the whole suite, as CI runs it
+    python benchmarks/bench_suite.py -- tests/tools -x        # a part of it
+    python benchmarks/bench_suite.py --from report.json       # group a report pytest wrote (--suite-report)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from torch_neuronx.testing.bench import report
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_suite(pytest_args: list[str], path: Path) -> tuple[int, float]:
+    """Run pytest with the suite report into `path`; its exit code and wall seconds."""
+    env = dict(os.environ)
+    # Private, cold compile caches, as .ci/run has them.
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path.parent / "inductor"))
+    env.setdefault("XDG_CACHE_HOME", str(path.parent / "cache"))  # the neuron backend's cache lives under it
+    t0 = time.monotonic()
+    rc = subprocess.call([sys.executable, "-m", "pytest", "-q", f"--suite-report={path}", *pytest_args],
+                         cwd=ROOT, env=env)
+    return rc, time.monotonic() - t0
+
+
+def group(costs: list[dict], top: int) -> dict:
+    """Totals per kind and per file, and the slowest tests."""
+    kinds: dict[str, dict[str, float]] = defaultdict(lambda: {"tests": 0, "wall": 0.0, "cpu": 0.0, "children_cpu": 0.0})
+    files: dict[str, dict[str, float]] = defaultdict(lambda: {"tests": 0, "wall": 0.0})
+    for c in costs:
+        k = kinds[c["kind"]]
+        k["tests"] += 1
+        k["wall"] += c["wall"]
+        k["cpu"] += c["cpu"]
+        k["children_cpu"] += c["children_cpu"]
+        files[c["file"]]["tests"] += 1
+        files[c["file"]]["wall"] += c["wall"]
+    rounded = {name: {k: round(v, 1) for k, v in d.items()} for name, d in kinds.items()}
+    by_file = sorted(files.items(), key=lambda kv: -kv[1]["wall"])
+    slowest = sorted(costs, key=lambda c: -c["wall"])[:top]
+    return {
+        "tests": len(costs),
+        "wall": round(sum(c["wall"] for c in costs), 1),
+        "by_kind": dict(sorted(rounded.items(), key=lambda kv: -kv[1]["wall"])),
+        "by_file": [{"file": f, "tests": int(d["tests"]), "wall": round(d["wall"], 1)} for f, d in by_file[:top]],
+        "slowest": [{"test": c["nodeid"], "kind": c["kind"], "wall": c["wall"]} for c in slowest],
+    }
+
+
+def print_table(g: dict) -> None:
+    print(f"{g['tests']} tests, {g['wall']:.0f} s of test wall time")
+    print(f"\n{'kind':<12}{'tests':>7}{'wall s':>9}{'cpu s':>9}{'child cpu s':>13}")
+    for kind, d in g["by_kind"].items():
+        print(f"{kind:<12}{d['tests']:>7.0f}{d['wall']:>9.1f}{d['cpu']:>9.1f}{d['children_cpu']:>13.1f}")
+    print(f"\n{'wall s':>8}  {'tests':>5}  file")
+    for f in g["by_file"]:
+        print(f"{f['wall']:>8.1f}  {f['tests']:>5}  {f['file']}")
+    print(f"\n{'wall s':>8}  {'kind':<11} test")
+    for t in g["slowest"]:
+        print(f"{t['wall']:>8.1f}  {t['kind']:<11} {t['test']}")
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--from", dest="source", metavar="REPORT", help="group an existing --suite-report JSON")
+    parser.add_argument("--top", type=int, default=30, help="files and tests to list (default 30)")
+    parser.add_argument("--json", metavar="PATH", help="write the grouped figures as JSON")
+    args = parser.parse_args(own)
+    if args.top <= 0:
+        parser.error(f"--top must be positive, got {args.top}")
+    extra: dict = {}
+    if args.source:
+        try:
+            costs = json.loads(Path(args.source).read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"cannot read the suite report {args.source}: {exc}")
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench_suite_") as tmp:
+            path = Path(tmp) / "suite.json"
+            rc, seconds = run_suite(pytest_args, path)
+            if not path.exists():
+                print(f"pytest exited {rc} without a report", file=sys.stderr)
+                return 1
+            costs = json.loads(path.read_text())
+        extra = {"pytest_exit": rc, "pytest_wall": round(seconds, 1), "load_avg": os.getloadavg()}
+    g = {**group(costs, args.top), **extra}
+    print_table(g)
+    if extra:
+        print(f"\npytest exit {extra['pytest_exit']}, {extra['pytest_wall']:.0f} s, load {extra['load_avg']}")
+    if args.json:
+        report(g, args.json, show=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

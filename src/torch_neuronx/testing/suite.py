@@ -1,0 +1,210 @@
+"""The test suite's time budget, as a pytest plugin: what each test costs, of which kind, and which test is too slow.
+
+CI has 90 minutes for a submission, and the suite is most of it. This plugin
+(loaded through ``-p torch_neuronx.testing.suite`` in pyproject.toml) records,
+for every test, its wall time, the CPU time it used in this process and in the
+processes it started and waited for, and its kind:
+
+* ``torchrun``   -- it launched a multi-process job (torchrun, or several ranks at once);
+* ``subprocess`` -- it started a fresh Python (or other program) and waited for it;
+* ``compile``    -- it compiled graphs with torch.compile in this process;
+* ``in-process`` -- everything else.
+
+``--suite-report PATH`` writes those records as JSON (``benchmarks/bench_suite.py``
+groups them by file and by kind). ``--test-budget SECONDS`` fails the session
+when a test runs longer than the budget, unless it is listed in
+:data:`BUDGET_EXCEPTIONS` with its reason. The budget is in quiet-machine
+seconds: on a machine whose 1-minute load is above its core count, the limit is
+scaled by load / cores, so that a busy runner does not turn a correct
+submission red (the budget catches tests that grew, not a noisy neighbour).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Tests allowed past the budget, each with the reason it cannot be cut (node id -> reason). Measured in
+# docs/testing.md; each is a debt to cut, not a licence.
+BUDGET_EXCEPTIONS: dict[str, str] = {
+    "tests/titan/test_torchtitan.py::test_fsdp2_tp_matches_one_process":
+        "its module fixture runs TorchTitan three times (seed, 1 process, 4 processes), mostly Inductor compiles "
+        "of FlexAttention forward and backward on every rank; the other titan tests reuse it",
+    "tests/tools/test_check.py::test_a_hugging_face_model_directory_passes":
+        "check runs SFT steps and static-cache generate of a saved model twice, on neuron and on the CPU "
+        "reference, each in fresh processes that import Transformers and TRL and compile the decode step",
+    "tests/tools/test_check.py::test_hf_sft_tp_fsdp_example_passes_all_four_layers":
+        "check runs the 4-rank TP x FSDP SFT example and its CPU reference: eight ranks that each import "
+        "Transformers and TRL before any step",
+    "tests/tools/test_check.py::test_a_correct_compiled_job_with_dropout_passes":
+        "a compiled job is checked in both forms (neuron backend, portable backend), each on neuron and on the "
+        "CPU reference, with a cold Inductor compile in every fresh process",
+    "tests/compile/test_compile_cache.py::test_disk_cache_across_processes_and_corruption":
+        "the cross-process cache needs processes: two cold compiles at once, a warm one, and one after the "
+        "cache files are damaged",
+}
+
+# Words in a test module's source that say its subprocesses are multi-process jobs.
+_MULTIPROCESS_WORDS = ("torchrun", "nproc", "run_processes", "world_size=")
+
+
+@dataclass
+class TestCost:
+    """What one test cost: seconds of wall time, CPU here and in its reaped children, its kind and outcome."""
+
+    nodeid: str
+    file: str
+    wall: float
+    cpu: float
+    children_cpu: float
+    kind: str
+    outcome: str
+    limit: float
+
+
+def _cpu() -> tuple[float, float]:
+    t = os.times()
+    return t.user + t.system, t.children_user + t.children_system
+
+
+def _compiled_graphs() -> int:
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is None:
+        return 0
+    return int(dynamo.counters["stats"]["unique_graphs"])
+
+
+def _load_factor() -> float:
+    """How much slower than quiet the machine is: the 1-minute load per core, at least 1."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return 1.0
+    return max(1.0, load / (os.cpu_count() or 1))
+
+
+class SuiteBudget:
+    """Collects :class:`TestCost` records and judges them against the budget."""
+
+    def __init__(self, report: str | None, budget: float | None) -> None:
+        self.report = report
+        self.budget = budget
+        self.costs: list[TestCost] = []
+        self._start: dict[str, tuple[float, float, float]] = {}
+        self._sources: dict[str, str] = {}
+        self._outcomes: dict[str, str] = {}
+        self._graphs: dict[str, int] = {}
+
+    def _source(self, fn: Any) -> str:
+        """The source of a test function or fixture (cached; empty where it cannot be read)."""
+        key = getattr(fn, "__qualname__", repr(fn)) + getattr(getattr(fn, "__code__", None), "co_filename", "")
+        if key not in self._sources:
+            try:
+                self._sources[key] = inspect.getsource(fn)
+            except (OSError, TypeError):
+                self._sources[key] = ""
+        return self._sources[key]
+
+    def _kind(self, item: pytest.Item, children_cpu: float, graphs: int) -> str:
+        if children_cpu > 0.2:
+            fns = [getattr(item, "obj", None)]
+            info = getattr(item, "_fixtureinfo", None)
+            for defs in (info.name2fixturedefs.values() if info else ()):
+                fns += [d.func for d in defs]
+            text = "".join(self._source(fn) for fn in fns if fn is not None)
+            return "torchrun" if any(w in text for w in _MULTIPROCESS_WORDS) else "subprocess"
+        return "compile" if graphs > 0 else "in-process"
+
+    # Measured where the test runs (a pytest-xdist worker, or this process) and carried to the process that
+    # reports (xdist's controller, or this one) in the teardown report's user_properties.
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        own, children = _cpu()
+        self._start[item.nodeid] = (time.monotonic(), own, children)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Any:
+        # Graphs are counted around the test body alone: fixtures may reset Dynamo's counters.
+        before = _compiled_graphs()
+        yield
+        self._graphs[item.nodeid] = max(0, _compiled_graphs() - before)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Any:
+        outcome = yield
+        report = outcome.get_result()
+        if call.when != "teardown" or item.nodeid not in self._start:
+            return
+        t0, own0, children0 = self._start.pop(item.nodeid)
+        own, children = _cpu()
+        child = children - children0
+        kind = self._kind(item, child, self._graphs.pop(item.nodeid, 0))
+        cost = TestCost(item.nodeid, item.nodeid.split("::")[0], round(time.monotonic() - t0, 3),
+                        round(own - own0, 3), round(child, 3), kind,
+                        "passed", round((self.budget or 0.0) * _load_factor(), 1))
+        report.user_properties.append(("suite_cost", asdict(cost)))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed or (report.when == "call" and report.skipped):
+            self._outcomes[report.nodeid] = "failed" if report.failed else "skipped"
+        for name, value in report.user_properties:
+            if name == "suite_cost":
+                self.costs.append(TestCost(**{**value, "outcome": self._outcomes.pop(report.nodeid, "passed")}))
+
+    def over_budget(self) -> list[TestCost]:
+        if not self.budget:
+            return []
+        return [c for c in self.costs if c.wall > c.limit and c.nodeid not in BUDGET_EXCEPTIONS]
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.report:
+            Path(self.report).write_text(json.dumps([asdict(c) for c in self.costs], indent=1))
+        if self.over_budget() and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        slow = self.over_budget()
+        if not slow:
+            return
+        terminalreporter.section("tests over the time budget", sep="=", red=True)
+        for c in slow:
+            terminalreporter.line(f"{c.wall:7.1f} s > {c.limit:.0f} s  [{c.kind}]  {c.nodeid}")
+        terminalreporter.line(
+            "Each test must fit the budget (docs/testing.md): share fixtures, shrink shapes, merge launches; "
+            "or list it in torch_neuronx.testing.suite.BUDGET_EXCEPTIONS with the reason it cannot be cut."
+        )
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("torch-neuronx suite budget")
+    group.addoption("--suite-report", metavar="PATH", default=None,
+                    help="write every test's wall/CPU seconds and kind as JSON (benchmarks/bench_suite.py reads it)")
+    group.addoption("--test-budget", metavar="SECONDS", type=float, default=None,
+                    help="fail the session when a test runs longer (scaled by load per core on a busy machine)")
+
+
+def _private_caches_per_worker() -> None:
+    """Under pytest-xdist, each worker compiles into caches of its own (below the run's), so that two workers
+    never race on one entry; subprocesses the worker starts inherit them."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME"):
+        if os.environ.get(var):
+            os.environ[var] = os.path.join(os.environ[var], worker)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _private_caches_per_worker()
+    budget = config.getoption("--test-budget")
+    if budget is not None and budget <= 0:
+        raise pytest.UsageError(f"--test-budget must be a positive number of seconds, got {budget}")
+    config.pluginmanager.register(SuiteBudget(config.getoption("--suite-report"), budget), "torch-neuronx-budget")

@@ -1,0 +1,69 @@
+"""The suite's time budget (torch_neuronx.testing.suite): each test's kind and cost, and the budget that fails CI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from torch_neuronx.testing import suite
+
+SAMPLE = '''
+import subprocess, sys, time
+import torch
+
+def test_sleeps():
+    time.sleep(1.0)
+
+def test_starts_python():
+    subprocess.run([sys.executable, "-c", "sum(range(3 * 10**7))"], check=True)
+
+def test_compiles():
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))
+
+def test_fails():
+    assert False
+
+def test_quick():
+    pass
+'''
+
+
+def _run(folder: Path, *args: str) -> tuple[int, str, list[dict]]:
+    report = folder / "costs.json"
+    report.unlink(missing_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "torch_neuronx.testing.suite",
+                           f"--suite-report={report}", "-p", "no:cacheprovider", *args, str(folder / "test_sample.py")],
+                          cwd=folder, capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout + proc.stderr, json.loads(report.read_text()) if report.exists() else []
+
+
+def test_costs_kinds_and_the_budget(tmp_path: Path) -> None:
+    (tmp_path / "test_sample.py").write_text(SAMPLE)
+    # One run with a budget every test but the quick ones exceeds: the sleeper is named, the run fails.
+    rc, out, costs = _run(tmp_path, "--test-budget=0.01")
+    assert rc == 1, out
+    by_name = {c["nodeid"].split("::")[1]: c for c in costs}
+    assert set(by_name) == {"test_sleeps", "test_starts_python", "test_compiles", "test_fails", "test_quick"}
+    assert by_name["test_sleeps"]["wall"] >= 1.0 and by_name["test_sleeps"]["kind"] == "in-process"
+    assert by_name["test_starts_python"]["kind"] == "subprocess" and by_name["test_starts_python"]["children_cpu"] > 0
+    assert by_name["test_compiles"]["kind"] == "compile"
+    assert by_name["test_fails"]["outcome"] == "failed" and by_name["test_quick"]["outcome"] == "passed"
+    assert "tests over the time budget" in out and "test_sample.py::test_sleeps" in out
+
+    # A budget the tests fit: the same passing tests stay green.
+    rc, out, costs = _run(tmp_path, "-k", "sleeps or quick", "--test-budget=60")
+    assert rc == 0 and len(costs) == 2, out
+    assert "over the time budget" not in out
+
+    # A budget that is not a positive number: a usage error, and no test runs.
+    rc, out, costs = _run(tmp_path, "--test-budget=-1")
+    assert rc == 4 and "--test-budget must be a positive number" in out and not costs
+
+
+def test_exceptions_name_a_reason() -> None:
+    for nodeid, reason in suite.BUDGET_EXCEPTIONS.items():
+        assert nodeid.startswith("tests/") and "::" in nodeid, nodeid
+        assert len(reason.split()) >= 5, f"{nodeid}: say why it cannot be cut"
+        assert Path(nodeid.split("::")[0]).exists() or (Path(__file__).parents[2] / nodeid.split("::")[0]).exists()
