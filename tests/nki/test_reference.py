@@ -14,26 +14,11 @@ import torch
 
 import torch_neuronx.nki as nki
 from torch_neuronx.nki import NkiValidationError
+from torch_neuronx.testing.nki_checks import expect, on
 
 nl = nki.language
 nisa = nki.isa
 P = 128
-
-
-def on(target: str):  # type: ignore[no-untyped-def]
-    """A decorator: the kernel checked against `target`."""
-    return lambda fn: nki.jit(fn, platform_target=target)
-
-
-def expect(code: str, kernel: nki.Kernel, *args: object, operand: str | None = None) -> NkiValidationError:
-    with pytest.raises(NkiValidationError) as info:
-        kernel(*args)
-    err = info.value
-    assert err.code == code, str(err)
-    assert err.instruction and err.instruction in str(err)
-    if operand is not None:
-        assert err.operand == operand, str(err)
-    return err
 
 
 # ------------------------------------------------------------------------------------ 1. dma_transpose gather

@@ -13,24 +13,11 @@ import numpy as np
 import pytest
 
 import torch_neuronx.nki as nki
-from torch_neuronx.nki import NkiValidationError
+from torch_neuronx.testing.nki_checks import expect, on
 
 nl = nki.language
 nisa = nki.isa
 P = 128
-
-
-def on(target: str):  # type: ignore[no-untyped-def]
-    return lambda fn: nki.jit(fn, platform_target=target)
-
-
-def expect(code: str, kernel: nki.Kernel, *args: object, operand: str | None = None) -> NkiValidationError:
-    with pytest.raises(NkiValidationError) as info:
-        kernel(*args)
-    assert info.value.code == code, str(info.value)
-    if operand is not None:
-        assert info.value.operand == operand, str(info.value)
-    return info.value
 
 
 RNG = np.random.default_rng(31)
