@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from torch_neuronx.testing import suite
 
 SAMPLE = '''
@@ -57,9 +59,18 @@ def test_costs_kinds_and_the_budget(tmp_path: Path) -> None:
     assert rc == 0 and len(costs) == 2, out
     assert "over the time budget" not in out
 
-    # A budget that is not a positive number: a usage error, and no test runs.
-    rc, out, costs = _run(tmp_path, "--test-budget=-1")
+    # A budget that is not a positive number (nan included): a usage error, and no test runs.
+    rc, out, costs = _run(tmp_path, "--test-budget=nan")
     assert rc == 4 and "--test-budget must be a positive number" in out and not costs
+
+
+def test_a_report_path_that_cannot_be_written_is_refused_before_any_test(tmp_path: Path) -> None:
+    for bad in ("/proc/x.json", str(tmp_path), "/dev/full", str(tmp_path / "missing" / "x.json")):
+        with pytest.raises(pytest.UsageError, match="--suite-report"):
+            suite._check_writable(bad)
+    good = tmp_path / "costs.json"  # the twin: accepted, and nothing is left behind by the check
+    suite._check_writable(str(good))
+    assert not good.exists()
 
 
 def test_exceptions_name_a_reason() -> None:

@@ -202,9 +202,29 @@ def _private_caches_per_worker() -> None:
             os.environ[var] = os.path.join(os.environ[var], worker)
 
 
+def _check_writable(path: str) -> None:
+    """Refuse a report path that cannot take the report before any test runs, not after all of them."""
+    target = Path(path)
+    if target.is_dir() or (target.exists() and not target.is_file()):
+        raise pytest.UsageError(f"--suite-report {path}: not a regular file; give a file path for the JSON report")
+    existed = target.exists()
+    try:
+        with open(target, "a") as f:
+            f.write("")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        raise pytest.UsageError(f"--suite-report {path}: cannot be written ({exc.strerror})") from None
+    if not existed:
+        target.unlink(missing_ok=True)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _private_caches_per_worker()
     budget = config.getoption("--test-budget")
-    if budget is not None and budget <= 0:
+    if budget is not None and not (0 < budget < float("inf")):  # also refuses nan
         raise pytest.UsageError(f"--test-budget must be a positive number of seconds, got {budget}")
+    report = config.getoption("--suite-report")
+    if report is not None and not getattr(config, "workerinput", None):  # the controller writes it, once
+        _check_writable(report)
     config.pluginmanager.register(SuiteBudget(config.getoption("--suite-report"), budget), "torch-neuronx-budget")
