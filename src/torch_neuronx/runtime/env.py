@@ -82,6 +82,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("TORCH_NEURONX_CHECK_SIDE", "str", "", "set by `torch-neuronx check`: `neuron` or `reference`, the "
              "run this process belongs to (the reference compiles `backend=\"neuron\"` for the CPU)",
              "an emulator extension (docs/check.md)"),
+    Variable("TORCH_NEURONX_REMOVE_ON_STARTER_EXIT", "str", "", "set by `torch-neuronx plan --measure` for the "
+             "process guardian: the temporary folder it removes when the planner dies without cleaning up",
+             "an emulator extension (docs/plan.md)"),
     Variable("TORCH_NEURONX_CHECK_RANKS_ONLY", "bool", False, "1: the checker's probe watches only processes with "
              "RANK set (the job runs under torchrun; its agent is not watched)",
              "an emulator extension (docs/check.md)"),
