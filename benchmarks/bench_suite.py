@@ -96,11 +96,23 @@ def main() -> int:
     if args.top <= 0:
         parser.error(f"--top must be positive, got {args.top}")
     extra: dict = {}
+    if args.json:
+        try:  # refuse an unwritable output before running anything
+            with open(args.json, "a") as f:
+                f.write("")
+                f.flush()
+        except OSError as exc:
+            parser.error(f"--json {args.json}: cannot be written ({exc.strerror})")
     if args.source:
+        if not Path(args.source).is_file():
+            parser.error(f"--from {args.source}: not a regular file")
         try:
             costs = json.loads(Path(args.source).read_text())
         except (OSError, ValueError) as exc:
             parser.error(f"cannot read the suite report {args.source}: {exc}")
+        keys = {"nodeid", "file", "wall", "cpu", "children_cpu", "kind"}
+        if not isinstance(costs, list) or not costs or not all(isinstance(c, dict) and keys <= c.keys() for c in costs):
+            parser.error(f"--from {args.source}: not a suite report (a list of records with {sorted(keys)})")
     else:
         with tempfile.TemporaryDirectory(prefix="bench_suite_") as tmp:
             path = Path(tmp) / "suite.json"
@@ -115,8 +127,12 @@ def main() -> int:
     if extra:
         print(f"\npytest exit {extra['pytest_exit']}, {extra['pytest_wall']:.0f} s, load {extra['load_avg']}")
     if args.json:
-        report(g, args.json, show=False)
-    return 0
+        try:
+            report(g, args.json, show=False)
+        except OSError as exc:
+            print(f"bench_suite: --json {args.json}: {exc.strerror}", file=sys.stderr)
+            return 2
+    return int(extra.get("pytest_exit", 0))
 
 
 if __name__ == "__main__":
