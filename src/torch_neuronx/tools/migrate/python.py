@@ -48,6 +48,7 @@ from torch_neuronx.tools.migrate.registry import (  # noqa: F401  (re-exported: 
     is_literal,
     is_xla_string,
     split_args,
+    string_matches,
     strip_arg,
 )
 from torch_neuronx.tools.migrate.report import Flag, Rewrite
@@ -64,13 +65,7 @@ def all_rules() -> Rules:
 
 def _names_xla(node: cst.CSTNode) -> bool:
     """A string literal naming XLA's device type or module: "xla", "xla:0", "torch_xla", "torch_xla.core..."."""
-    if not isinstance(node, cst.SimpleString):
-        return False
-    try:
-        value = node.evaluated_value
-    except Exception:
-        return False
-    return isinstance(value, str) and (re.fullmatch(r"xla(:\d+)?|torch_xla(\..*)?", value) is not None)
+    return string_matches(node, r"xla(:\d+)?|torch_xla(\..*)?")
 
 
 def _tests_for_xla_prefix(call: cst.Call) -> bool:

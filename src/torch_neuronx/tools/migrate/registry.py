@@ -215,11 +215,17 @@ def strip_arg(a: cst.Arg, last: bool) -> cst.Arg:
     return a.with_changes(comma=cst.MaybeSentinel.DEFAULT) if last else a
 
 
-def is_xla_string(node: cst.CSTNode) -> bool:
+def string_matches(node: cst.CSTNode, pattern: str) -> bool:
+    """Whether `node` is a string literal whose whole value matches the regular expression `pattern`."""
     if not isinstance(node, cst.SimpleString):
         return False
     try:
         value = node.evaluated_value
     except Exception:
         return False
-    return isinstance(value, str) and re.fullmatch(r"xla(:\d+)?", value) is not None
+    return isinstance(value, str) and re.fullmatch(pattern, value) is not None
+
+
+def is_xla_string(node: cst.CSTNode) -> bool:
+    """A literal naming an XLA device: "xla", "xla:0"."""
+    return string_matches(node, r"xla(:\d+)?")
