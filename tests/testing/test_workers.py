@@ -77,6 +77,25 @@ def test_run_processes_kills_at_the_deadline(tmp_path: Path) -> None:
     assert b.timed_out and b.rc != 0
 
 
+def test_a_rank_stopped_because_a_peer_failed_is_not_a_timeout_and_the_failure_names_the_peer(
+        tmp_path: Path) -> None:
+    # the CI failure this pins: one rank exited with an error, fail_fast stopped the others, and the planner
+    # blamed rank 0 ("timed out", with a warning as its last line) instead of the rank that failed
+    from torch_neuronx.tools.plan.layouts import Layout
+    from torch_neuronx.tools.plan.measure import _failure
+
+    waiting = ([sys.executable, "-c", "import sys, time; print('warming up', file=sys.stderr); time.sleep(600)"], {})
+    failing = ([sys.executable, "-c", "import sys, time; time.sleep(0.5); sys.exit('rank 1: the real error')"], {})
+    start = time.monotonic()
+    procs = run_processes([waiting, failing, waiting], tmp_path, timeout=300, fail_fast=True)
+    assert time.monotonic() - start < 200  # stopped at once, not at the deadline
+    assert [(p.timed_out, p.stopped) for p in procs] == [(False, True), (False, False), (False, True)]
+    line = _failure(Layout(tp=1, pp=1, fsdp=3, dp=1), procs)
+    assert "rank 1 exited 1 (rank 1: the real error)" in line, line
+    assert "timed out" not in line, line
+    Path(line.rsplit("its log: ", 1)[1]).unlink()
+
+
 def test_a_slow_worker_start_is_not_a_stall() -> None:
     """On a loaded machine a fresh worker can take longer to start than the stall timeout (issue 20)."""
     slow_start = "import time; time.sleep(4)\n" + WORKER

@@ -228,3 +228,27 @@ def test_sequence_parallel_recomputation_agrees_with_measurement(sequence_parall
 def test_tensor_parallel_recomputation_agrees_with_measurement(tensor_parallel_recompute_plan: Plan) -> None:
     # the peak is in the last layer's recomputed backward, not at the loss: the estimate does not add the two
     _check_agreement(tensor_parallel_recompute_plan, 1)
+
+
+def test_a_hung_rank_is_reported_with_where_its_threads_waited(tmp_path: Path) -> None:
+    # the dump a rank writes before its deadline (faulthandler's own output, from a real process), as the failure
+    # line summarises it: each thread's innermost frames, the main thread's sleep among them
+    import subprocess
+    import sys
+
+    from torch_neuronx.tools.plan.measure import hung_stacks
+
+    script = tmp_path / "hang.py"
+    script.write_text("import faulthandler, threading, time\n"
+                      "def waiter():\n    time.sleep(3)\n"
+                      "threading.Thread(target=waiter, daemon=True).start()\n"
+                      "faulthandler.dump_traceback_later(0.3, exit=False)\n"
+                      "def main():\n    time.sleep(1)\n"
+                      "main()\n")
+    err = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60).stderr
+    summary = hung_stacks("earlier warnings\n" + err)
+    threads = summary.split(" | ")
+    assert len(threads) == 2, summary
+    assert any('hang.py", line 7 in main <- ' in t for t in threads), summary
+    assert any('hang.py", line 3 in waiter' in t for t in threads), summary
+    assert hung_stacks("a log without a dump\n") == ""

@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torch_neuronx.testing.workers import BASE_ENV, free_port, torchrun_argv
+from torch_neuronx.testing.workers import BASE_ENV, torchrun_argv
 
 _FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```", re.S | re.M)
 _MARK = re.compile(r"<!--\s*doctest:(.*?)-->")
@@ -161,6 +161,7 @@ def run(block: Block, previous: list[Block], workdir: Path, timeout: float = 600
             key, value = item.split("=", 1)
             env[key] = value
     nproc = block.option("torchrun")
-    argv = ([*torchrun_argv("--nproc-per-node", nproc, "--master-port", str(free_port())), str(script)]
+    # --standalone: torchrun binds a port the OS assigns (a port asked for beforehand may be taken meanwhile)
+    argv = ([*torchrun_argv("--standalone", "--nproc-per-node", nproc), str(script)]
             if nproc else [sys.executable, str(script)])
     return subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)

@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from torch_neuronx.testing.workers import Proc, free_port, rank_env, run_processes
+from torch_neuronx.testing.workers import Proc, agent_store, rank_env, run_processes
 
 Outcomes = dict[str, list[tuple[bool, str]]]  # check name -> (passed, detail) per rank
 
@@ -26,10 +26,11 @@ Outcomes = dict[str, list[tuple[bool, str]]]  # check name -> (passed, detail) p
 def launch(script: str | Path, world_size: int, workdir: Path, *args: str, timeout: float = 120,
            env: dict[str, str] | None = None, cwd: str | Path | None = None) -> list[Proc]:
     """Start `script` once per rank, as torchrun would on one node."""
-    port = free_port()
     argv = [sys.executable, str(script), *args]
-    cmds = [(argv, {**rank_env(r, world_size, port), **(env or {})}) for r in range(world_size)]
-    return run_processes(cmds, workdir, timeout, cwd=cwd)
+    with agent_store() as port:
+        cmds = [(argv, {**rank_env(r, world_size, port, agent_store=True), **(env or {})})
+                for r in range(world_size)]
+        return run_processes(cmds, workdir, timeout, cwd=cwd)
 
 
 def collect(procs: Sequence[Proc], out_dir: Path, world_size: int) -> Outcomes:

@@ -18,6 +18,7 @@ Two shapes of work:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -29,7 +30,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -52,13 +53,15 @@ BASE_ENV = {
 
 @dataclass
 class Proc:
-    """One finished (or killed) process: exit code, output, seconds it ran."""
+    """One finished (or killed) process: exit code, output, seconds it ran. `timed_out`: still running at the
+    deadline (and killed); `stopped`: killed before it, because another command failed (`fail_fast`)."""
 
     rc: int
     out: str
     err: str
     seconds: float
     timed_out: bool
+    stopped: bool = False
 
     def log(self) -> str:
         return f"rc={self.rc} after {self.seconds:.1f}s\n--- stdout\n{self.out[-3000:]}\n--- stderr\n{self.err[-6000:]}"
@@ -75,6 +78,7 @@ def run_processes(cmds: Sequence[tuple[list[str], dict[str, str]]], workdir: Pat
     t0 = time.monotonic()
     deadline = t0 + timeout
     ended: list[float | None] = []
+    peer_failed = False
     try:
         for i, (argv, env) in enumerate(cmds):
             out = open(workdir / f"proc{i}.out", "w+")  # noqa: SIM115  (closed below)
@@ -87,6 +91,7 @@ def run_processes(cmds: Sequence[tuple[list[str], dict[str, str]]], workdir: Pat
                 if ended[i] is None and p.poll() is not None:
                     ended[i] = time.monotonic() - t0
             if fail_fast and any(p.returncode not in (None, 0) for p, _, _ in started):
+                peer_failed = True
                 break
             time.sleep(0.05)
     finally:
@@ -94,10 +99,11 @@ def run_processes(cmds: Sequence[tuple[list[str], dict[str, str]]], workdir: Pat
             processes.stop(p)  # at once for those that ended; the others' trees are killed
     results = []
     for i, (p, out, err) in enumerate(started):
-        timed_out = ended[i] is None
+        killed = ended[i] is None  # by us: at the deadline, or because a peer failed first
         out.seek(0)
         err.seek(0)
-        results.append(Proc(p.returncode, out.read(), err.read(), ended[i] or time.monotonic() - t0, timed_out))
+        results.append(Proc(p.returncode, out.read(), err.read(), ended[i] or time.monotonic() - t0,
+                            timed_out=killed and not peer_failed, stopped=killed and peer_failed))
         out.close()
         err.close()
     return results
@@ -109,9 +115,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_env(rank: int, world_size: int, port: int, local_rank: int | None = None) -> dict[str, str]:
-    """What torchrun sets for a worker (with TORCHELASTIC_RUN_ID the device binds neuron:LOCAL_RANK)."""
-    return {
+@contextlib.contextmanager
+def agent_store() -> Iterator[int]:
+    """A TCPStore hosted by this process while inside, on a port the OS assigns, as torchrun's agent hosts
+    one: ranks started with ``rank_env(..., port, agent_store=True)`` reach it as clients. A port from
+    :func:`free_port` is only free when asked: until rank 0 binds it, another job's socket may take it
+    (rank 0 then fails, or a rank of the other job joins this one); a port bound here stays bound."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    try:
+        yield store.port
+    finally:
+        del store
+
+
+def rank_env(rank: int, world_size: int, port: int, local_rank: int | None = None,
+             agent_store: bool = False) -> dict[str, str]:
+    """What torchrun sets for a worker (with TORCHELASTIC_RUN_ID the device binds neuron:LOCAL_RANK).
+    `agent_store`: the store at `port` is :func:`agent_store`'s (every rank a client, as under torchrun)."""
+    env = {
         "TORCHELASTIC_RUN_ID": f"local-{port}",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
@@ -120,6 +143,9 @@ def rank_env(rank: int, world_size: int, port: int, local_rank: int | None = Non
         "LOCAL_RANK": str(rank if local_rank is None else local_rank),
         "LOCAL_WORLD_SIZE": str(world_size),
     }
+    if agent_store:
+        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+    return env
 
 
 def torchrun_argv(*args: str) -> list[str]:

@@ -34,6 +34,8 @@ from typing import Any
 from torch_neuronx.tools.plan.layouts import Layout, PlanError
 
 WORKER_TIMEOUT_S = 300.0
+STACKS_BEFORE_DEADLINE_S = 15.0  # a rank still running then writes every thread's Python stack to its log
+_STACKS_AFTER = "TORCH_NEURONX_PLAN_STACKS_AFTER_S"
 
 
 def save_checkpoint(config: Any, path: Path, seed: int = 0) -> Path:
@@ -57,7 +59,7 @@ def measure_layouts(config: Any, layouts: list[Layout], *, micro_batch: int, seq
     With `hbm_per_core` the emulated cores have that capacity: a layout that does not fit fails with the device's
     out-of-memory error, as it would on the instance.
     """
-    from torch_neuronx.testing.workers import free_port, rank_env, run_processes
+    from torch_neuronx.testing.workers import agent_store, rank_env, run_processes
 
     if checkpointing == "selective":
         raise ValueError("--measure runs 'none' or 'full' activation checkpointing; Transformers has no selective "
@@ -84,18 +86,18 @@ def measure_layouts(config: Any, layouts: list[Layout], *, micro_batch: int, seq
         suffix = ("_zero1" if z else "") + ("_sp" if sp else "")
         out = work / f"tp{layout.tp}_pp{layout.pp}_fsdp{layout.fsdp}_dp{layout.dp}{suffix}"
         out.mkdir(parents=True, exist_ok=True)
-        port = free_port()
         args = [sys.executable, "-m", "torch_neuronx.tools.plan.measure", str(ckpt), str(out),
                 str(layout.tp), str(layout.fsdp), str(layout.dp), str(micro_batch), str(seq_len), precision,
                 checkpointing, str(layout.pp), str(int(z)), str(micro_steps), str(int(sp))]
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "TORCH_NEURONX_INSTANCE_TYPE": instance,
-               "NEURON_LOGICAL_NC_CONFIG": str(lnc)}
+               "NEURON_LOGICAL_NC_CONFIG": str(lnc), _STACKS_AFTER: str(WORKER_TIMEOUT_S - STACKS_BEFORE_DEADLINE_S)}
         if hbm_per_core:
             env["TORCH_NEURONX_HBM_PER_CORE"] = str(hbm_per_core)
         if _temporary:  # a SIGKILL of this process runs no cleanup: the workers' guardians remove the folder then
             env[processes.REMOVE_ON_STARTER_EXIT] = str(work)
-        cmds = [(args, {**rank_env(r, layout.world, port), **env}) for r in range(layout.world)]
-        with processes.guarded():  # a rank that fails ends its peers (they would wait for it in a collective)
+        # a rank that fails ends its peers (they would wait for it in a collective)
+        with processes.guarded(), agent_store() as port:
+            cmds = [(args, {**rank_env(r, layout.world, port, agent_store=True), **env}) for r in range(layout.world)]
             procs = run_processes(cmds, out, WORKER_TIMEOUT_S, fail_fast=True)
         if any(p.rc != 0 for p in procs):
             raise MeasureFailed(_failure(layout, procs))
@@ -113,17 +115,33 @@ class MeasureFailed(PlanError):
 def _failure(layout: Layout, procs: list[Any]) -> str:
     """One line about the rank that failed first (the others were stopped because of it); its whole log is copied
     out of the run's folder, which is removed, into a file the message names."""
-    failed = [i for i, p in enumerate(procs) if p.rc not in (0, None) and p.rc > 0] or \
-        [i for i, p in enumerate(procs) if p.rc != 0]
-    rank = failed[0]
+    # the rank that ended on its own with an error, the earliest; the ranks stopped because of it only when none
+    # did (all of them ran into the deadline)
+    own = sorted((p.seconds, i) for i, p in enumerate(procs) if p.rc != 0 and not (p.timed_out or p.stopped))
+    rank = own[0][1] if own else next(i for i, p in enumerate(procs) if p.rc != 0)
     proc = procs[rank]
     last = next((line.strip() for line in reversed(proc.err.splitlines()) if line.strip()), "")
     fd, log = tempfile.mkstemp(prefix=f"plan_measure_rank{rank}_", suffix=".log")
     with os.fdopen(fd, "w") as f:
         f.write(proc.log())
-    status = "timed out" if proc.timed_out else f"exited {proc.rc}"
-    return (f"--measure of layout {layout} failed: rank {rank} {status}"
+    if proc.timed_out:
+        stacks = hung_stacks(proc.err)
+        return (f"--measure of layout {layout} failed: rank {rank} timed out after {WORKER_TIMEOUT_S:.0f} s"
+                f"{'; where its threads were: ' + stacks if stacks else ''}; its log: {log}")
+    return (f"--measure of layout {layout} failed: rank {rank} exited {proc.rc}"
             f"{' (' + last[:200] + ')' if last else ''}; its log: {log}")
+
+
+def hung_stacks(err: str) -> str:
+    """The innermost two frames of each thread in the stack dump a rank wrote before its deadline
+    (faulthandler's format), on one line: "" when the log holds no dump."""
+    dump = err[err.rfind("Timeout ("):] if "Timeout (" in err else ""
+    threads = []
+    for block in dump.split("\n\n"):
+        frames = [line.strip() for line in block.splitlines() if line.strip().startswith("File ")]
+        if frames:
+            threads.append(" <- ".join(f.replace("File ", "", 1) for f in frames[:2]))
+    return " | ".join(threads)
 
 
 def measurable(layout: Layout, zero1: bool, precision: str, checkpointing: str, sequence_parallel: bool = False,
@@ -269,6 +287,10 @@ def _worker(argv: list[str]) -> None:
     precision, checkpointing = argv[7], argv[8]
     pp, zero1, micro_steps, sp = (int(a) for a in argv[9:13])
     torch.set_num_threads(1)
+    if os.environ.get(_STACKS_AFTER):  # a hang is then reported with where every thread waited
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ[_STACKS_AFTER]), exit=False)
     dist.init_process_group("neuron")
     rank = dist.get_rank()
     device = torch.device("neuron", torch.neuron.current_device())
@@ -315,6 +337,10 @@ def _worker(argv: list[str]) -> None:
               "peak_reserved": stats.get("reserved_bytes.all.peak", 0), "comm": comm}
     (out / f"rank{rank}.json").write_text(json.dumps(record, indent=1))
     dist.destroy_process_group()
+    if os.environ.get(_STACKS_AFTER):
+        import faulthandler
+
+        faulthandler.cancel_dump_traceback_later()
 
 
 def _plain_step(ckpt: Path, tp: int, fsdp: int, dp: int, precision: str, checkpointing: str, device: Any,
