@@ -19,7 +19,7 @@ import textwrap
 import pytest
 
 from torch_neuronx.testing.plan import LLAMA3_8B, LLAMA31_70B
-from torch_neuronx.testing.workers import free_port, rank_env, run_processes
+from torch_neuronx.testing.workers import agent_store, rank_env, run_processes
 from torch_neuronx.tools.plan import plan
 from torch_neuronx.tools.plan.layouts import PlanError
 from torch_neuronx.tools.plan.model import from_config
@@ -104,10 +104,11 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     work = tmp_path_factory.mktemp("kv")
     script = work / "worker.py"
     script.write_text(WORKER)
-    port = free_port()
     env = {"TORCH_NEURONX_INSTANCE_TYPE": "trn2.3xlarge", "TRANSFORMERS_VERBOSITY": "error"}
-    cmds = [([sys.executable, str(script), str(work)], {**rank_env(r, 4, port), **env}) for r in range(4)]
-    procs = run_processes(cmds, work, 240)
+    with agent_store() as port:
+        cmds = [([sys.executable, str(script), str(work)], {**rank_env(r, 4, port, agent_store=True), **env})
+                for r in range(4)]
+        procs = run_processes(cmds, work, 240)
     assert all(p.rc == 0 for p in procs), "\n".join(p.log() for p in procs)
     return [json.loads((work / f"rank{r}.json").read_text()) for r in range(4)]
 
