@@ -13,16 +13,17 @@ import time
 from collections.abc import Callable
 
 
-def timed(fn: Callable[[], object], inner: int) -> float:
-    """Seconds per call of `fn`, over `inner` calls."""
-    t0 = time.perf_counter()
+def timed(fn: Callable[[], object], inner: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds per call of `fn`, over `inner` calls: wall time, or with ``clock=time.thread_time`` this thread's
+    CPU time (which a busy machine's waits for a core do not inflate: steadier for single-threaded work)."""
+    t0 = clock()
     for _ in range(inner):
         fn()
-    return (time.perf_counter() - t0) / inner
+    return (clock() - t0) / inner
 
 
 def interleaved(steps: dict[str, Callable[[], object]], rounds: int, inner: int,
-                warmup: int = 2) -> dict[str, list[float]]:
+                warmup: int = 2, clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
     """Seconds per call of each step, one sample per round, the steps' order rotating round by round."""
     for step in steps.values():
         for _ in range(warmup):
@@ -32,7 +33,7 @@ def interleaved(steps: dict[str, Callable[[], object]], rounds: int, inner: int,
     for r in range(rounds):
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
-            samples[name].append(timed(steps[name], inner))
+            samples[name].append(timed(steps[name], inner, clock))
     return samples
 
 
@@ -40,9 +41,10 @@ def medians(samples: dict[str, list[float]]) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def side_by_side(cpu: Callable[[], object], dev: Callable[[], object], inner: int, reps: int) -> tuple[float, float]:
+def side_by_side(cpu: Callable[[], object], dev: Callable[[], object], inner: int, reps: int,
+                 clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
     """Median seconds per call of a CPU and a neuron variant, timed in alternating rounds."""
-    m = medians(interleaved({"cpu": cpu, "neuron": dev}, reps, inner, warmup=1))
+    m = medians(interleaved({"cpu": cpu, "neuron": dev}, reps, inner, warmup=1, clock=clock))
     return m["cpu"], m["neuron"]
 
 
