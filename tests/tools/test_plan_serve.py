@@ -72,7 +72,19 @@ def test_ttft_by_hand_on_trn1(tiny) -> None:  # type: ignore[no-untyped-def]
     b = batch * prompt * 1024 * 2
     comm = 2 * 2 * (b / (hbm * 0.7) + (b / 2) / (link * 0.7) + 1e-5)
     assert compute > serve.weight_bytes(tiny, 4) / (hbm * 0.5)  # compute-bound
-    assert serve.ttft_seconds(tiny, hw, 4, batch, prompt, f=F) == pytest.approx(compute + comm + 0.01, rel=1e-12)
+    # TP=4 spans 2 chips: a ring of 2 takes 2 steps, so the fixed cost is 0.01 x (1 + 2)
+    assert serve.ttft_seconds(tiny, hw, 4, batch, prompt, f=F) == pytest.approx(compute + comm + 0.03, rel=1e-12)
+
+
+@pytest.mark.parametrize("instance, tp, steps", [
+    ("inf2.48xlarge", 24, 22),  # 12 chips in a ring: 2 x 11
+    ("inf2.48xlarge", 8, 6), ("inf2.48xlarge", 2, 0), ("inf2.xlarge", 1, 0),  # 2 cores of one chip: no step
+    ("trn1.32xlarge", 32, 12),  # 16 chips on a 4 x 4 torus: 2 x 3 along each side
+    ("trn1.32xlarge", 16, 8),  # 8 chips: a side of 4 and 2 rows: 2 x 3 + 2 x 1
+    ("trn1n.32xlarge", 32, 12), ("trn2.48xlarge", 64, 12),  # LNC=2: 4 logical cores per chip, 16 chips
+])
+def test_ring_steps_follow_the_instance_topology(instance: str, tp: int, steps: int) -> None:
+    assert serve.ring_steps(hardware(instance), tp) == steps
 
 
 def test_single_core_has_no_collectives(tiny) -> None:  # type: ignore[no-untyped-def]

@@ -3,8 +3,8 @@
 Why it exists: TTFT/TPOT predictions are worth choosing instances with only if
 they predict measurements they were not fitted to. The published rows live in
 ``serve_published.csv`` (source paths and SDK release in its header). The
-five factors of ``serve.py`` are fitted (least squares on log ratios of TTFT
-and TPOT p50) on the rows marked ``fitted`` (Inf2.48xlarge) only; the Trn1
+five factors of ``serve.py`` are fitted (robust, soft-L1 least squares on log
+ratios of TTFT and TPOT p50) on the rows marked ``fitted`` (Inf2.48xlarge) only; the Trn1
 and Trn2 rows are never used in the fit. ``torch-neuronx plan --serve
 --calibration`` prints :func:`calibration_table`; docs/serve.md carries it.
 
@@ -27,6 +27,7 @@ from torch_neuronx.tools.plan.model import ModelSpec, from_config
 
 DATA = Path(__file__).with_name("serve_published.csv")
 TOLERANCE = 0.25  # the goal: 80% of held-out p50s within +-25%
+ROBUST_SCALE = 0.2  # the fit's soft-L1 knee, in log ratio (about +-20%, inside the goal's tolerance)
 
 
 def _llama(vocab: int, hidden: int, inter: int, layers: int, heads: int, kv: int) -> dict[str, Any]:
@@ -115,7 +116,10 @@ def fit() -> serve.Factors:
                     serve.CONTEXT_OVERHEAD, serve.STEP_OVERHEAD])
     lower = np.log([0.01, 0.001, 0.01, 1e-5, 1e-5])
     upper = np.log([1.0, 1.0, 1.0, 1.0, 0.1])
-    result = least_squares(residuals, np.clip(start, lower + 1e-9, upper - 1e-9), bounds=(lower, upper))
+    # soft-L1 on the log ratios, with its knee at ROBUST_SCALE: a row the others contradict (Mistral-7B's 4,096-token
+    # prompt published slower than its 8,192-token one) pulls the factors linearly, not quadratically
+    result = least_squares(residuals, np.clip(start, lower + 1e-9, upper - 1e-9), bounds=(lower, upper),
+                           loss="soft_l1", f_scale=ROBUST_SCALE)
     return factors(result.x)
 
 
@@ -149,7 +153,8 @@ def calibration_table() -> str:
             f"{'TTFT pub':>9} {'pred':>8} {'ratio':>5} {'TPOT pub':>8} {'pred':>6} {'ratio':>5}  split")
     lines = [f"Serving model vs AWS's published decoder benchmarks ({DATA.name}); factors fitted on Inf2 only: "
              f"matmul efficiency {serve.COMPUTE_EFFICIENCY}, attention efficiency {serve.ATTENTION_EFFICIENCY}, "
-             f"HBM efficiency {serve.HBM_EFFICIENCY}, context-encoding overhead {serve.CONTEXT_OVERHEAD * 1e3:g} ms, "
+             f"HBM efficiency {serve.HBM_EFFICIENCY}, "
+             f"context-encoding overhead {serve.CONTEXT_OVERHEAD * 1e3:g} ms per ring step + 1, "
              f"token-generation overhead {serve.STEP_OVERHEAD * 1e3:g} ms", head]
     for d in data:
         lines.append(f"{d['model']:<25} {d['instance']:<14} {d['tp']:>3} {d['batch']:>2} {d['input']:>5} "
