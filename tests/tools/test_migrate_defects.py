@@ -6,9 +6,11 @@ passes `runtime.global_ordinal()`). In-process; a few seconds.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -471,3 +473,87 @@ def test_r15_a_second_notebook_pass_counts_the_same_flags() -> None:
     sh = migrate_source("XLA_USE_BF16=1 python train.py\npip install torch-xla\n", "shell")
     again = migrate_source(sh.result, "shell")
     assert again.result == sh.result and len(again.report.flags) == len(sh.report.flags) == 2
+
+
+# ------------------------------------------------------------------ found by the corpus proof of issue 32
+# (Optimum Neuron's examples, notebooks and doc snippets, aws-neuron-samples outside training/, NxD's examples)
+
+@pytest.mark.parametrize("indent,ascii_only,end", [(4, False, "\n"), (4, True, ""), (2, True, "\n"), (1, False, "\n"),
+                                                     (None, True, "")])
+def test_a_migrated_notebook_keeps_its_json_layout(indent: int | None, ascii_only: bool, end: str) -> None:
+    """aws-neuron-samples' notebooks are written with indent 4 (some ASCII-escaped, some without a final newline):
+    a one-line rewrite must change one line of the file, not re-indent all of it."""
+    nb = json.loads(_notebook("import torch\nprint('é')\n", XM + "d = xm.xla_device()\n"))
+    text = json.dumps(nb, indent=indent, ensure_ascii=ascii_only) + end
+    res = migrate_source(text, "notebook").result
+    assert res != text and _cells(res)[1] == 'd = torch.device("neuron")\n'
+    assert res == json.dumps(json.loads(res), indent=indent, ensure_ascii=ascii_only) + end
+    changed = [ln for ln in difflib.unified_diff(text.splitlines(), res.splitlines(), n=0, lineterm="")
+               if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
+    assert len(changed) <= 4, changed  # the two source lines of the xm cell, nothing else
+
+
+def test_a_neuron_parallel_compile_trial_run_is_commented_out_not_run() -> None:
+    """`neuron_parallel_compile CMD` runs CMD as a trial that only extracts and compiles graphs: AWS's
+    NEURON_EXTRACT_GRAPHS_ONLY runs stubs that return zeros (torch-neuronx environment variables,
+    awsdocs-neuron pytorch-neuron-parallel-compile), and Optimum skips save_model under it
+    (optimum/neuron/trainers/transformers.py). Dropping only the word made the trial a second, real training run."""
+    sh = ('set -e\nif [ "$PRECOMPILE" = 1 ]; then\n'
+          '  NEURON_CC_FLAGS="--model-type transformer" neuron_parallel_compile torchrun \\\n'
+          '    --nproc_per_node 2 train.py --max_steps 10\nfi\ntorchrun --nproc_per_node 2 train.py\n')
+    res = migrate_source(sh, "shell")
+    active = [ln for ln in res.result.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    assert active == ["set -e", 'if [ "$PRECOMPILE" = 1 ]; then', "  :", "fi", "torchrun --nproc_per_node 2 train.py"]
+    assert "    # --nproc_per_node 2 train.py --max_steps 10\n  :\n" in res.result  # the continuation goes with it
+    assert subprocess.run(["bash", "-n"], input=res.result, text=True).returncode == 0
+    assert [r.rule for r in res.report.rewrites] == ["launcher"] and not res.report.flags
+    assert migrate_source(res.result, "shell").result == res.result
+    nb = migrate_source(_notebook("!neuron_parallel_compile python train.py\n", "!python train.py\n"), "notebook")
+    assert _cells(nb.result) == ["# neuron_parallel_compile python train.py\n", "!python train.py\n"]
+    # not a command of its own (a string, a one-line `then`): flagged and left as it is
+    twin = migrate_source('CMD="neuron_parallel_compile torchrun train.py"\n$CMD\n', "shell")
+    assert twin.result.splitlines()[-2:] == ['CMD="neuron_parallel_compile torchrun train.py"', "$CMD"]
+    assert [f.rule for f in twin.report.flags] == ["parallel-compile"]
+
+
+def test_a_trial_run_behind_time_or_env_is_commented_out_too() -> None:
+    """aws-neuron-samples' bert-jp-tutorial.ipynb: `!time XLA_USE_BF16=1 neuron_parallel_compile torchrun ...`."""
+    cell = "!time XLA_USE_BF16=1 neuron_parallel_compile torchrun --nproc_per_node=2 pre.py\n"
+    first = migrate_source(_notebook(cell, "!time XLA_USE_BF16=1 torchrun --nproc_per_node=2 train.py\n"), "notebook")
+    assert _cells(first.result)[0] == "# " + cell[1:]
+    assert [f.cell for f in first.report.flags] == [1]  # bf16 on the real run only
+    assert migrate_source(first.result, "notebook").result == first.result
+
+
+@pytest.mark.parametrize("kind", ["shell", "notebook"])
+def test_a_line_with_two_flags_gets_each_todo_once_on_every_pass(kind: str) -> None:
+    """`XLA_USE_BF16=1 pip install torch-xla`: the bf16 assignment is removed on the first pass, so the second
+    raises only the other flag; its TODO is already in the block above and must not be added again."""
+    line = "XLA_USE_BF16=1 pip install torch-xla\n"
+    text = line if kind == "shell" else _notebook("!" + line)
+    first = migrate_source(text, kind).result
+    assert first.count("TODO(torch-neuronx migrate)") == 2
+    assert migrate_source(first, kind).result == first
+
+
+def test_a_mixed_import_whose_family_name_is_removed_is_not_flagged_as_kept() -> None:
+    """aws-neuron-samples' bert-jp-tutorial.ipynb: `import torch, torch_xla.core.xla_model as xm`. xm is migrated
+    away, so `import torch` is what is left: no "Import kept" TODO on it (that flag vanished on a second pass)."""
+    res = migrate_python("import torch, torch_xla.core.xla_model as xm\ndevice = xm.xla_device()\n")
+    assert res.code == 'import torch\ndevice = torch.device("neuron")\n' and not res.flags
+    kept = migrate_python("import torch, torch_xla.debug.metrics as met\nprint(met.metrics_report())\n")
+    assert "import torch, torch_xla.debug.metrics as met" in kept.code  # the twin: still used, kept and flagged
+    assert {f.rule for f in kept.flags} == {"import-kept", "xla-metrics"}
+
+
+@pytest.mark.parametrize("magic", ["!neuron_parallel_compile python train.py", "!export XLA_USE_BF16=1"])
+def test_a_shell_line_commented_out_in_a_python_block_keeps_the_cell_valid(magic: str) -> None:
+    """A `!` line that becomes only comments inside an `if` body would leave the body empty: the cell must parse."""
+    import ast as pyast
+
+    cell_source = f"import torch\nif torch.cuda.is_available():\n    {magic}\nprint(1)\n"
+    first = migrate_source(_notebook(cell_source), "notebook")
+    cell = _cells(first.result)[0]
+    assert "# " + magic[1:] in cell and f"\n    {magic}" not in cell
+    pyast.parse(cell)
+    assert migrate_source(first.result, "notebook").result == first.result

@@ -28,7 +28,7 @@ from torch_neuronx.tools.migrate.python import (
     migrate_module,
 )
 from torch_neuronx.tools.migrate.report import Flag, Rewrite
-from torch_neuronx.tools.migrate.shell import migrate_shell
+from torch_neuronx.tools.migrate.shell import TODO, comment_block_above, migrate_shell
 
 _MAGIC = re.compile(r"^(\s*)([!%].*)$")
 _MARK = "pass  # torch-neuronx-migrate-magic-{}"
@@ -79,6 +79,8 @@ def self_shell(indent: str, magic: str, spawn_scripts: set[str] | None, cell: in
             out.append(indent + "%env " + body.removeprefix("export ").strip() + "\n")
         else:
             out.append(indent + prefix + body + "\n")
+    if indent and all(line.lstrip().startswith("#") for line in out):
+        out.append(indent + "pass\n")  # the line was a block's body (an `if`): the block must not end up empty
     return "".join(out)
 
 
@@ -173,8 +175,21 @@ def migrate_notebook(text: str, target: Target = NEURON, spawn_scripts: set[str]
         if code != _source(cell):
             _set_source(cell, code)
     changed = any(_source(c) != _source(o) for c, o in zip(nb["cells"], original["cells"], strict=True))
-    res.code = json.dumps(nb, indent=1, ensure_ascii=False) + "\n" if changed else text  # untouched: byte-identical
+    res.code = _dump_like(nb, text) if changed else text  # untouched: byte-identical
     return res
+
+
+def _dump_like(nb: dict[str, Any], original: str) -> str:
+    """`nb` as JSON in the layout of the file it was read from (indent, ASCII escapes, final newline), so that a
+    migrated notebook differs from its input only in the cells that changed. aws-neuron-samples' notebooks use
+    indent 4, some with escaped non-ASCII text and no final newline; nbformat itself writes indent 1, unescaped."""
+    first = original.lstrip("\ufeff").split("\n", 2)
+    indent_text = first[1][: len(first[1]) - len(first[1].lstrip())] if len(first) > 1 else ""
+    indent: int | str = len(indent_text) if indent_text.strip(" ") == "" else indent_text
+    ascii_only = original.isascii()  # escaped non-ASCII text, or none: escaping keeps it so
+    end = "\n" if original.endswith("\n") else ""
+    compact = "\n" not in original.strip()  # written on one line
+    return json.dumps(nb, indent=None if compact else (indent or 1), ensure_ascii=ascii_only) + end
 
 
 def _mentions_family(src: str, aliases: Aliases) -> bool:
@@ -186,10 +201,8 @@ def _mentions_family(src: str, aliases: Aliases) -> bool:
 
 
 def _without_repeated_todos(before: list[str], new: list[str]) -> list[str]:
-    """A `!` line's TODO block that the lines above already hold (an earlier migration wrote it) is not added
-    again: a second migration leaves the cell as it is."""
-    block = [ln for ln in new if ln.lstrip().startswith("#")]
-    if block and len(new) > len(block) and [ln.strip() for ln in before[-len(block):]] == [
-            ln.strip() for ln in block]:
-        return [ln for ln in new if ln not in block]
-    return new
+    """A `!` line's TODO that the comment block above already holds (an earlier migration wrote it) is not added
+    again: a second migration leaves the cell as it is, also when it raises fewer flags than the first (a
+    `XLA_USE_BF16=1` the first pass removed)."""
+    above = comment_block_above(before)
+    return [ln for ln in new if not (ln.strip().startswith(TODO) and ln.strip() in above)]

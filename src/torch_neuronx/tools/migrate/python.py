@@ -537,7 +537,9 @@ class Cleanup(cst.CSTTransformer):
                 continue
             if res is not small:
                 changed = True
-            kept_family = True
+            # `import torch, torch_xla... as xm` with xm migrated away leaves `import torch`: no family name is kept
+            kept_family = kept_family or not isinstance(res, cst.Import) or any(
+                in_family(module_name(a.name)) for a in res.names)
             body.append(res)  # type: ignore[arg-type]
         if not changed and not kept_family:
             return updated_node
