@@ -34,7 +34,8 @@ def test_fitted_rows_and_leave_one_out() -> None:
     for e in fitted:  # the fit without the row's configuration still predicts it within 0.5-2x
         assert 0.5 <= e["leave_one_out"] <= 2.0, e
     # the shipped factors are what the fit returns on the fitted rows (rounded to two places)
-    fitted_rows = tuple(r for r in cal.ROWS if cal.config_of(r) in cal.FITTED)
+    fitted_rows = tuple(r for r in cal.ROWS if cal.is_fitted(r))
+    assert not any(r in cal.OLDER_ROWS for r in fitted_rows)  # the earlier tables never enter the fit
     compute, hbm = cal.fit(fitted_rows)
     assert (round(compute, 2), round(hbm, 2)) == (COMPUTE_EFFICIENCY, HBM_EFFICIENCY)
 
@@ -43,14 +44,19 @@ def test_held_out_and_fitted_rows_are_reported_apart_and_none_is_outside_half_to
     s = cal.summary()
     held, fitted = s["held out"], s["fitted"]
     assert held["rows"] + fitted["rows"] + s["not_planned"] + s["as_fitted"] == len(cal.ROWS)
-    assert fitted["rows"] == sum(1 for r in cal.ROWS if cal.config_of(r) in cal.FITTED)
+    assert fitted["rows"] == sum(1 for r in cal.ROWS if cal.is_fitted(r))
     assert held["outside_half_to_double"] == 0 and 0.5 <= held["min_ratio"] and held["max_ratio"] <= 2.0
-    # the honest figure (the goal is 90%): 42 of 52 held-out rows within +-25%, every miss explained above
+    # the honest figures (the goal is 90%): 46 of 52 held-out rows of the current tables within +-25% (42 before the
+    # cast, clipping, accumulation and recipe terms), 76 of 91 with the earlier tables; every miss explained above
+    current, earlier = held["tables 2.14-2.28"], held["tables 2.5-2.15"]
+    assert current["rows"] + earlier["rows"] == held["rows"] and earlier["rows"] >= 35
+    assert current["within_25_percent"] / current["rows"] >= 0.88
     assert held["within_25_percent"] / held["rows"] >= 0.8
+    assert fitted["leave_one_out_within_25_percent"] >= 22  # was 4 of 28 before the terms above
     table = cal.calibration_table()
     assert f"held out: {held['within_25_percent']} of {held['rows']} rows within +-25%" in table
     assert f"fitted: {fitted['within_25_percent']} of {fitted['rows']} rows within +-25%" in table
-    assert "Not covered: the training tables of SDK releases before 2.14" in table
+    assert "Not covered: the tables of SDK 2.3 and 2.4" in table
 
 
 def test_memory_bound_classes_move_fp32_twice_the_bf16_bytes_and_cost_bytes_over_bandwidth() -> None:
@@ -115,9 +121,77 @@ def test_no_held_out_row_is_planned_as_a_fitted_configuration() -> None:
     rows = dict(zip(cal.ROWS, cal.results(), strict=True))
     leaks = [r for r, e in rows.items() if e["role"] == "held out" and cal.planned_as(r) in fitted_plans]
     assert leaks == []
-    as_fitted = sorted((r.model, r.topology, r.sdk) for r, e in rows.items() if e["role"] == "as fitted")
+    as_fitted = sorted((r.model, r.topology, r.sdk) for r, e in rows.items() if e["role"] == "as fitted"
+                       and r not in cal.OLDER_ROWS)
+    # an earlier table's row of a fitted configuration is planned exactly as the fitted rows: 'as fitted', never held
+    assert all(e["role"] == "as fitted" for r, e in rows.items()
+               if r in cal.OLDER_ROWS and cal.config_of(r) in cal.FITTED)
     assert as_fitted == [("Llama-3.1-8B", "TP=32 DP=32 PP=1", "2.20.0"), ("Llama-3.1-8B", "TP=32 DP=32 PP=1", "2.21.0"),
                          ("Llama2-13B", "TP=8 DP=32 PP=8", "2.20.0")]
     # the correct twin: a held-out row of another layout (TP=8 DP=32 PP=4) stays held out
     assert all(e["role"] == "held out" for r, e in rows.items() if r.model == "Llama2-13B" and "PP=4" in r.topology
                and r.source == "NxD")
+
+
+def test_fp32_operand_casts_are_counted_by_hand_and_only_for_cast_fp32_activations() -> None:
+    from torch_neuronx.tools.plan.layouts import Layout
+    from torch_neuronx.tools.plan.model import from_config
+    from torch_neuronx.tools.plan.precision import precision
+    from torch_neuronx.tools.plan.timing import cast_bytes, vector_bytes
+
+    m = from_config({**cal.SHAPES["BERT-Large"], "model_type": "llama"})
+    lay = Layout(1, 1, 1)
+    h, width, tokens, s, heads = 1024, 2731, 8 * 128, 128, 16
+    # forward: 3 layer inputs + the MLP-down input + q, k, v + the probabilities; backward: the gradients at q, k, v,
+    # at the two H-wide outputs, at the two MLP-wide outputs, at the attention output and at the scores
+    forward = 3 * h + width + 3 * h + heads * s
+    backward = 3 * h + 2 * h + 2 * width + h + heads * s
+    by_hand = (24 * tokens * (forward + backward) + 24 * m.layer_params) * 6
+    assert cast_bytes(m, lay, 8, 128, "none", 0, attention="eager") == by_hand
+    fp32 = vector_bytes(m, lay, precision("fp32"), 8, 128, "none", 0, attention="eager")
+    assert fp32["autocast"] == by_hand
+    # the correct twins: no cast when the activations are BF16, or when the compiler leaves FP32 matmuls alone
+    assert "autocast" not in vector_bytes(m, lay, precision("bf16"), 8, 128, "none", 0, attention="eager")
+    assert "autocast" not in vector_bytes(m, lay, precision("fp32"), 8, 128, "none", 0, autocast="none")
+
+
+def test_gelu_learned_positions_and_a_gradient_all_reduce_after_the_backward() -> None:
+    from torch_neuronx.tools.plan import evaluate
+    from torch_neuronx.tools.plan.layouts import Layout, hardware
+    from torch_neuronx.tools.plan.model import from_config
+    from torch_neuronx.tools.plan.precision import precision
+    from torch_neuronx.tools.plan.timing import vector_bytes
+
+    m = from_config({**cal.SHAPES["BERT-Large"], "model_type": "llama"})
+    lay = Layout(1, 1, 1)
+    swiglu = vector_bytes(m, lay, precision("bf16"), 8, 128, "none", 0)
+    gelu = vector_bytes(m, lay, precision("bf16"), 8, 128, "none", 0, mlp="gelu", rope=False)
+    assert gelu["activation"] * 5 == swiglu["activation"] * 3 and gelu["rope"] == 0 < swiglu["rope"]
+    # BERT-Large AMP on 16 nodes, 2 micro-batches: the all-reduce issued after the backward (torch-xla's
+    # xm.reduce_gradients) adds to the step; overlapped with the last backward (DDP's buckets) it hides
+    hw = hardware("trn1.32xlarge", 16)
+    plans = {overlap: evaluate(m, hw, Layout(1, 1, 512), precision="fp32", global_batch=16384, seq_len=128,
+                               micro_batch=16, checkpointing="none", capacity=hw.hbm_per_core, causal=False,
+                               attention="eager", grad_overlap=overlap).time for overlap in (True, False)}
+    assert plans[True].exposed_comm == 0.0 < plans[False].exposed_comm
+    assert plans[False].total - plans[True].total == pytest.approx(plans[False].exposed_comm)
+
+
+def test_earlier_tables_name_their_release_and_agree_with_aws_mfu() -> None:
+    # every earlier-table row names an SDK release before the current tables' last and is held out, 'as fitted' or
+    # not planned (never fitted); where AWS gives its MFU, 6 x parameters x tokens/s over the cores' BF16 peak agrees
+    # with it (a check on the transcribed nodes and throughput, independent of the time model)
+    from torch_neuronx.tools.plan.layouts import hardware
+    from torch_neuronx.tools.plan.model import from_config
+
+    hw = hardware("trn1.32xlarge")
+    core_peak = hw.instance.chip.bf16_tflops * 1e12 / hw.cores_per_chip
+    assert len(cal.OLDER_ROWS) >= 60
+    for r in cal.OLDER_ROWS:
+        assert (2, 5) <= tuple(int(x) for x in r.sdk.split(".")[:2]) <= (2, 15) and not cal.is_fitted(r)
+        if r.mfu and cal.setup(r).shape is not None and "BERT" not in r.model:
+            m = from_config({**cal.SHAPES[r.model], "model_type": "llama"})
+            mfu = 6 * m.total_params * r.seq_per_s * r.seq_len / (r.nodes * 32 * core_peak) * 100
+            # within 0.75-1.0x of AWS's figure (which counts some FLOPs beyond 6 per parameter per token: 0.76x for
+            # NeMo's Llama2-7B in SDK 2.13.1, 0.90-0.95x elsewhere); a wrong node count would be 0.5x or 2x
+            assert 0.75 * r.mfu <= mfu <= r.mfu, (r, mfu)

@@ -129,9 +129,10 @@ def evaluate(m: ModelSpec, hw: Hardware, layout: Layout, *, precision: str, glob
              micro_batch: int, checkpointing: str, capacity: int, zero1: bool = False,
              sequence_parallel: bool = False, autocast: str = "matmult", reserve: int = 0,
              compute_efficiency: float | None = None, comm_efficiency: float | None = None,
-             causal: bool = True, attention: str = "flash", hbm_efficiency: float | None = None) -> LayoutPlan:
+             causal: bool = True, attention: str = "flash", hbm_efficiency: float | None = None,
+             mlp: str = "swiglu", rope: bool = True, grad_overlap: bool = True) -> LayoutPlan:
     """Memory, collectives and estimated time of one layout (`attention`: "flash" keeps the scores on chip,
-    "eager" writes them to HBM)."""
+    "eager" writes them to HBM; `mlp`, `rope`, `grad_overlap`: see :func:`timing.step_time`)."""
     prec = get_precision(precision)
     kv_replicas = m.kv_replication(layout.tp)
     m = m.replicated(layout.tp)  # what the TP group stores and computes: KV heads replicated when TP exceeds them
@@ -149,7 +150,7 @@ def evaluate(m: ModelSpec, hw: Hardware, layout: Layout, *, precision: str, glob
     time = step_time(m, hw, layout, prec, global_batch, seq_len, micro_steps, comms, checkpointing, opt_bytes,
                      micro_batch=micro_batch, autocast=autocast, zero1=zero, compute_efficiency=compute_efficiency,
                      comm_efficiency=comm_efficiency, causal=causal, sp=sp, attention=attention,
-                     hbm_efficiency=hbm_efficiency)
+                     hbm_efficiency=hbm_efficiency, mlp=mlp, rope=rope, grad_overlap=grad_overlap)
     return LayoutPlan(layout, mem, comms[0], time, micro_steps)
 
 

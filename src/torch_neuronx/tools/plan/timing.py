@@ -13,7 +13,10 @@ Per micro-batch and pipeline stage:
   them at the FP32 peak). The memory-bound classes (norms, residual adds,
   the activation, RoPE, eager attention's softmax, the loss; and per step
   the optimizer with the precision recipe's casts): their HBM bytes at the
-  core's bandwidth times ``HBM_EFFICIENCY`` (:func:`vector_bytes`);
+  core's bandwidth times ``HBM_EFFICIENCY`` (:func:`vector_bytes`), with
+  the activation's passes by architecture (``ACTIVATION_PASSES``) and, for
+  FP32 activations whose matmuls the compiler casts, the casts of every
+  matmul operand (:func:`cast_bytes`);
 * tensor-parallel collectives and pipeline sends: on the critical path;
 * FSDP's gathers and reduce-scatters: overlapped with the micro-batch's
   compute (FSDP2 prefetches), only the excess is exposed.
@@ -21,8 +24,11 @@ Per micro-batch and pipeline stage:
 A step is ``micro-batches + stages - 1`` slots of the slowest stage's
 micro-batch (1F1B: the pipeline fills and drains once per step), then the
 data-parallel gradient reduction (HSDP's all-reduce overlaps the last
-micro-batch's backward; ZeRO-1's reduce-scatter and parameter all-gather do
-not), then AdamW's pass over the state (:func:`optimizer_bytes_moved`).
+micro-batch's backward unless ``grad_overlap`` is False, as with torch-xla's
+``xm.reduce_gradients`` after the backward; ZeRO-1's reduce-scatter and
+parameter all-gather do not), then the gradient clipping (``CLIP_PASSES``)
+and AdamW's pass over the state, with the gradient accumulation's reads and
+the precision recipe's casts (:func:`optimizer_bytes_moved`).
 
 A collective's time is the sum over the links it crosses of the bytes each
 core moves there (``comm.level_bytes``: a hierarchical ring) over the core's
@@ -47,7 +53,7 @@ from torch_neuronx.tools.plan.tensors import stage_layers
 
 # Fitted by torch_neuronx.tools.plan.calibration.fit on the rows marked "fitted" there (docs/plan.md).
 COMPUTE_EFFICIENCY = 0.39  # share of the tensor engine's dense peak the matmuls attain
-HBM_EFFICIENCY = 0.67  # share of the HBM bandwidth the memory-bound passes (norms, activations, optimizer) attain
+HBM_EFFICIENCY = 0.76  # share of the HBM bandwidth the memory-bound passes (norms, activations, optimizer) attain
 COMM_EFFICIENCY = 0.70  # share of the link bandwidth a ring collective attains
 AUTOCAST = ("matmult", "none")
 # Eager attention's passes over the scores (heads x S per token), as Transformers' eager path runs them: written by
@@ -55,6 +61,14 @@ AUTOCAST = ("matmult", "none")
 # output written), read by the PV matmul
 EAGER_SCORE_PASSES = 11
 ATTENTION = ("flash", "eager")
+# Clipping the gradients by their global norm before the update: the norm reads every gradient, the scaling reads and
+# writes it. Every recipe calibrated here clips (the Hugging Face BERT script's clip_grad_norm_(..., 1.0), NxD's and
+# NeMo's max-norm 1.0), as does Transformers' Trainer by default (max_grad_norm=1.0)
+CLIP_PASSES = 3
+# The MLP's activation, in passes over the planner's 3-matrix MLP width per token: SwiGLU (Llama) reads the gate and
+# the up projection and writes silu(gate) and the product (five passes); a GELU MLP (BERT, GPT-3) of the same
+# parameters is 1.5x as wide with one read and one write (2 x 1.5 = three passes of the 3-matrix width)
+ACTIVATION_PASSES = {"swiglu": 5, "gelu": 3}
 
 
 @dataclass(frozen=True)
@@ -131,17 +145,22 @@ def hbm_per_core(hw: Hardware) -> float:
 
 
 def vector_bytes(m: ModelSpec, layout: Layout, prec: Precision, micro_batch: int, seq_len: int, checkpointing: str,
-                 stage: int, sp: bool = False, attention: str = "flash") -> dict[str, float]:
+                 stage: int, sp: bool = False, attention: str = "flash", mlp: str = "swiglu",
+                 rope: bool = True, autocast: str = "matmult") -> dict[str, float]:
     """HBM bytes one core moves for one micro-batch's memory-bound passes on pipeline stage `stage`, by op class.
 
     Every pass reads its inputs and writes its output once at its element size (``prec.compute``; a norm's or a
     softmax's FP32 intermediates stay on chip, in the compiler's fused kernel). Per decoder layer, forward: two
-    norms (read, write), two residual adds (two reads, one write), the activation (SwiGLU: silu of the gate, its
-    product with up: five MLP-wide passes), RoPE on q and k (read, write, cos/sin), and with ``attention="eager"``
-    the materialised scores (``EAGER_SCORE_PASSES`` over them; a flash kernel keeps them on chip). Backward moves
-    twice the forward's bytes (the incoming gradient and the saved input read, the outgoing gradient written), full
-    recomputation one forward more. H-wide passes are split over TP under sequence parallelism; the loss upcasts
-    the vocabulary-wide logits (last stage)."""
+    norms (read, write), two residual adds (two reads, one write), the activation (``ACTIVATION_PASSES[mlp]``:
+    SwiGLU's silu of the gate and its product with up, five MLP-wide passes; GELU three), RoPE on q and k (read,
+    write, cos/sin; none with `rope` False: learned absolute positions are added once, with the embedding), and with
+    ``attention="eager"`` the materialised scores (``EAGER_SCORE_PASSES`` over them; a flash kernel keeps them on
+    chip). Backward moves twice the forward's bytes (the incoming gradient and the saved input read, the outgoing
+    gradient written), full recomputation one forward more. H-wide passes are split over TP under sequence
+    parallelism; the loss upcasts the vocabulary-wide logits (last stage).
+
+    FP32 activations with the compiler's matmul auto-cast (or torch.autocast: AMP) add the casts (:func:`cast_bytes`):
+    every matmul operand is read in FP32 and written as the BF16 copy the tensor engine reads."""
     tp = layout.tp
     x = prec.compute
     tokens = micro_batch * seq_len
@@ -151,15 +170,40 @@ def vector_bytes(m: ModelSpec, layout: Layout, prec: Precision, micro_batch: int
     fwd = {
         "norms": 2 * h_tokens * m.hidden * 2 * x,
         "residual": 2 * h_tokens * m.hidden * 3 * x,
-        "activation": tokens * width * 5 * x,
-        "rope": tokens * (q + kv) * 3 * x,
+        "activation": tokens * width * ACTIVATION_PASSES[mlp] * x,
+        "rope": tokens * (q + kv) * 3 * x if rope else 0.0,
         "softmax": tokens * (m.heads / tp) * seq_len * EAGER_SCORE_PASSES * x if attention == "eager" else 0.0,
     }
     factor = passes(checkpointing) * stage_layers(m.layers, layout.pp, stage)
     out = {k: v * factor for k, v in fwd.items()}
+    if prec.compute == 4 and autocast == "matmult":
+        out["autocast"] = cast_bytes(m, layout, micro_batch, seq_len, checkpointing, stage, sp, attention)
     if stage == layout.pp - 1:  # cross-entropy: the logits read and upcast, softmax and its gradient in FP32
         out["loss"] = tokens * m.vocab / tp * (2 * x + 4 * 4)
     return out
+
+
+def cast_bytes(m: ModelSpec, layout: Layout, micro_batch: int, seq_len: int, checkpointing: str, stage: int,
+               sp: bool = False, attention: str = "flash") -> float:
+    """HBM bytes one core moves for one micro-batch casting FP32 matmul operands to BF16 (read 4 bytes, write 2).
+
+    Per layer, forward: the inputs of the QKV, output, MLP-in and MLP-down matmuls and q, k, v; backward: the
+    gradients arriving at each of them (used by both the input-gradient and the weight-gradient matmul); with eager
+    attention also the probabilities (forward) and the scores' gradient (backward), heads x S per token. Each cast
+    once per pass (the forward's copies are reused by the backward's weight gradients); the stage's weights once per
+    micro-batch (one graph holds the forward and the backward, so the backward reuses the forward's BF16 copy)."""
+    tp = layout.tp
+    tokens = micro_batch * seq_len
+    h = m.hidden / tp if sp and tp > 1 else m.hidden
+    q, kv = m.heads * m.head_dim / tp, m.kv_heads * m.head_dim / tp
+    width = (m.expert_intermediate * m.experts_per_token if m.experts else m.intermediate) / tp
+    scores = (m.heads / tp) * seq_len if attention == "eager" else 0.0
+    forward = 3 * h + width + q + 2 * kv + scores
+    backward = (q + 2 * kv) + 2 * h + 2 * width + q + scores
+    recompute = 1.0 if checkpointing == "full" else 0.0
+    layers = stage_layers(m.layers, layout.pp, stage)
+    elements = layers * tokens * ((1 + recompute) * forward + backward) + layers * m.layer_params / tp
+    return elements * (4 + 2)
 
 
 def optimizer_bytes_moved(state_elements: float, prec: Precision, micro_steps: int, gathered_elements: float) -> float:
@@ -169,25 +213,31 @@ def optimizer_bytes_moved(state_elements: float, prec: Precision, micro_steps: i
     per element of this core's optimizer state (`state_elements`; ``p`` the state's, ``g`` the gradient's element
     size). BF16 compute with FP32 state (bf16-mixed) also casts the weights it computes with (read FP32, write
     BF16) and the gradients back to FP32 for the reduction (read BF16, write FP32), per micro-batch, over the
-    `gathered_elements` it computes with."""
+    `gathered_elements` it computes with. Gradient clipping by global norm (``CLIP_PASSES``) before the update. Gradient
+    accumulation: every micro-batch after the first reads the
+    accumulated gradient (at ``g`` bytes) to add its own, and, when the gradient is kept at the compute precision,
+    writes it back (the mixed recipe's cast already writes it)."""
     g = prec.reduce if prec.param == 4 else prec.param
-    moved = state_elements * (6 * prec.param + g)
+    moved = state_elements * (6 * prec.param + g + CLIP_PASSES * g)
     if prec.param != prec.compute:
         moved += micro_steps * gathered_elements * 2 * (prec.param + prec.compute)
+    moved += max(0, micro_steps - 1) * gathered_elements * g * (1 if prec.param != prec.compute else 2)
     return moved
 
 
 def stage_compute(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, micro_batch: int, seq_len: int,
                   checkpointing: str, stage: int, autocast: str, efficiency: float, causal: bool = True,
-                  sp: bool = False, attention: str = "flash", hbm_efficiency: float | None = None) -> float:
+                  sp: bool = False, attention: str = "flash", hbm_efficiency: float | None = None,
+                  mlp: str = "swiglu", rope: bool = True) -> float:
     """Seconds of one micro-batch's forward and backward on a core of pipeline stage `stage`."""
     return sum(stage_classes(m, hw, layout, prec, micro_batch, seq_len, checkpointing, stage, autocast, efficiency,
-                             causal, sp, attention, hbm_efficiency).values())
+                             causal, sp, attention, hbm_efficiency, mlp, rope).values())
 
 
 def stage_classes(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, micro_batch: int, seq_len: int,
                   checkpointing: str, stage: int, autocast: str, efficiency: float, causal: bool = True,
-                  sp: bool = False, attention: str = "flash", hbm_efficiency: float | None = None) -> dict[str, float]:
+                  sp: bool = False, attention: str = "flash", hbm_efficiency: float | None = None,
+                  mlp: str = "swiglu", rope: bool = True) -> dict[str, float]:
     """Seconds of one micro-batch on a core of stage `stage`, by op class: each the larger of its compute time and
     its HBM traffic over the bandwidth. Matmuls: FLOPs at the dense peak x `efficiency`, or the weights read three
     times; the memory-bound classes (:func:`vector_bytes`): their bytes at HBM bandwidth x `hbm_efficiency` (their
@@ -203,7 +253,7 @@ def stage_classes(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, m
     out = {"matmul": max(flops / (core_peak(hw, prec, autocast) * efficiency), weight_traffic / hbm)}
     eff = HBM_EFFICIENCY if hbm_efficiency is None else hbm_efficiency
     for name, nbytes in vector_bytes(m, layout, prec, micro_batch, seq_len, checkpointing, stage, sp,
-                                     attention).items():
+                                     attention, mlp, rope, autocast).items():
         out[name] = nbytes / (hbm * eff)
     return out
 
@@ -213,11 +263,16 @@ def step_time(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, globa
               *, micro_batch: int = 1, autocast: str = "matmult", zero1: bool = False,
               compute_efficiency: float | None = None, comm_efficiency: float | None = None,
               causal: bool = True, sp: bool = False, attention: str = "flash",
-              hbm_efficiency: float | None = None) -> StepTime:
+              hbm_efficiency: float | None = None, mlp: str = "swiglu", rope: bool = True,
+              grad_overlap: bool = True) -> StepTime:
     """The estimated time of one optimizer step of `global_batch` sequences.
 
     `stage_comms`: the collectives of a core of each pipeline stage considered (the first and the last);
-    `optimizer_bytes`: the HBM bytes one optimizer step moves per core (:func:`optimizer_bytes_moved`)."""
+    `optimizer_bytes`: the HBM bytes one optimizer step moves per core (:func:`optimizer_bytes_moved`); `mlp`,
+    `rope`: the architecture's element-wise passes (:func:`vector_bytes`); `grad_overlap` False: the data-parallel
+    gradient all-reduce starts after the backward (torch-xla's ``xm.optimizer_step`` reduces every gradient in one
+    call once ``loss.backward()`` has returned), True: it overlaps the last micro-batch's backward (DDP's and
+    FSDP's buckets)."""
     eff = COMPUTE_EFFICIENCY if compute_efficiency is None else compute_efficiency
     hbm = hbm_per_core(hw) * (HBM_EFFICIENCY if hbm_efficiency is None else hbm_efficiency)
     slot = compute_mb = 0.0
@@ -227,7 +282,7 @@ def step_time(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, globa
     per_stage_step_comm: list[float] = []
     for stage, comms in stage_comms.items():
         by_class = stage_classes(m, hw, layout, prec, micro_batch, seq_len, checkpointing, stage, autocast, eff,
-                                 causal, sp, attention, hbm_efficiency)
+                                 causal, sp, attention, hbm_efficiency, mlp, rope)
         c_mb = sum(by_class.values())
         critical = overlapped = 0.0
         step_level = 0.0
@@ -240,8 +295,9 @@ def step_time(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, globa
                 for k, v in split.items():
                     by_scope[k] = by_scope.get(k, 0.0) + v
             if not c.per_micro_batch:
-                # HSDP's all-reduce overlaps the last micro-batch's backward (2/3 of its compute); ZeRO-1's does not
-                step_level += t if zero1 else max(0.0, t - c_mb * 2 / 3)
+                # HSDP's all-reduce overlaps the last micro-batch's backward (2/3 of its compute); ZeRO-1's does not,
+                # nor one that starts only once the backward is done (`grad_overlap` False)
+                step_level += t if zero1 or not grad_overlap else max(0.0, t - c_mb * 2 / 3)
             elif c.group in ("tp", "pp"):
                 critical += t / micro_steps
             else:
