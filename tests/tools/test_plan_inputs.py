@@ -167,7 +167,7 @@ def test_a_failed_measure_rank_exits_2_naming_the_rank_and_its_log(monkeypatch: 
 
     def failing(cmds: list[tuple[list[str], dict[str, str]]], workdir: Path, timeout: float,
                 **kwargs: object) -> list[workers.Proc]:
-        ranks = [workers.Proc(-15, "", "", 1.0, False) for _ in cmds]  # the peers, stopped because rank 1 failed
+        ranks = [workers.Proc(-15, "", "", 2.5, False, stopped=True) for _ in cmds]  # stopped: rank 1 failed
         ranks[1] = workers.Proc(1, "", "Traceback ...\nFileNotFoundError: [Errno 2] /proc/nope.pickle\n", 2.0, False)
         return ranks
 
