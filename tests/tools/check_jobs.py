@@ -115,6 +115,20 @@ def checkpoints_job(device: str, out: str) -> None:
     save_file({"w": square.t().contiguous() if device == "neuron" else square.contiguous(),  # the fault
                "b": state["0.bias"].contiguous()}, os.path.join(out, "square.safetensors"))
     save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(out, "good.safetensors"))  # correct
+    distributed_checkpoints(model, device, out)
+
+
+def distributed_checkpoints(model: torch.nn.Module, device: str, out: str) -> None:
+    """torch.distributed.checkpoint folders (one process: DCP saves without a process group): the model's own
+    device tensors (correct), one tensor's rows reversed on neuron, one key dropped on neuron (the faults)."""
+    import torch.distributed.checkpoint as dcp
+
+    state = model.state_dict()
+    dcp.save({"model": state}, checkpoint_id=os.path.join(out, "dcp_good"))
+    permuted = {**state, "0.weight": state["0.weight"].flip(0) if device == "neuron" else state["0.weight"]}
+    dcp.save({"model": permuted}, checkpoint_id=os.path.join(out, "dcp_permuted"))
+    dropped = {k: v for k, v in state.items() if not (device == "neuron" and k == "2.bias")}
+    dcp.save({"model": dropped}, checkpoint_id=os.path.join(out, "dcp_missing"))
 
 
 def leak_job(device: str) -> None:
@@ -214,6 +228,10 @@ def distributed_job(fault: str, device: str, out: str) -> None:
         ddp(x).pow(2).mean().backward()
         if not (fault == "no_step" and rank == 1):  # the fault: rank 1 never steps (its all-reduces still run)
             opt.step()
+    if fault == "ddp_dropout":  # correct: a distributed checkpoint written by both ranks (replicas: rank 0 writes)
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save({"model": model.state_dict()}, checkpoint_id=os.path.join(out, "dcp_ddp"))
     # Freed after destroy_process_group(), DDP's Reducer would be the group's last holder: PyTorch then joins Gloo's
     # worker thread with the GIL held, which can deadlock the CPU reference's plain "gloo" ranks (a PyTorch issue;
     # the neuron backend lets go of the GIL itself, see tests/distributed/test_teardown.py). Free it first.

@@ -274,6 +274,97 @@ def test_a_hugging_face_model_directory_passes(tmp_path: Path) -> None:
     assert len(doc["steps"]) == 7 and doc["ranks"][0]["warmup_steps"] == 5
 
 
+def test_hf_generate_runs_plan_serve_buckets_against_cpu(tmp_path: Path) -> None:
+    """`check --hf-model DIR --buckets-from plan.json`: the generate layer runs each of plan --serve's context
+    buckets (a padded prompt per bucket) against CPU; one graph per bucket, none in the steady state."""
+    from torch_neuronx.testing import hf as tiny_hf
+    from torch_neuronx.tools.check.config import buckets_from_plan
+    from torch_neuronx.tools.plan.serve_plan import plan_serving
+
+    model = tiny_hf.save_checkpoint(tmp_path / "model", layers=1)
+    plan = tmp_path / "plan.json"  # what `plan MODEL --serve --lengths ... --json plan.json` writes
+    served = plan_serving(model / "config.json", "trn1.2xlarge", [(8, 4), (14, 4), (40, 4)], tp=1, batch=1,
+                          max_buckets=3)
+    plan.write_text(json.dumps(served, default=str))
+    buckets = buckets_from_plan(str(plan))
+    assert buckets == [8, 14, 40]
+    cfg = CheckConfig(hf_model=str(model), task="generate", buckets=buckets, out_dir=tmp_path / "check",
+                      progress=False, cwd=tmp_path, timeout=400)
+    doc = check(cfg)
+    records = {e["name"]: e for e in evidence(doc, "correctness", "pass", "record")}
+    assert set(records) == {f"generated_b{b}{s}" for b in buckets for s in ("", "_warmup")}, report.text(doc)
+    assert all(e["max_abs_diff"] == 0 for e in records.values())  # greedy tokens equal CPU's, every bucket
+    assert doc["layers"]["compilation"]["verdict"] == "pass", report.text(doc)
+    per_bucket = {e["bucket"]: e for e in evidence(doc, "compilation", "pass", "bucket")}
+    assert {b: (e["graphs"], e["steady_compiles"]) for b, e in per_bucket.items()} == {8: (1, 0), 14: (1, 0),
+                                                                                         40: (1, 0)}
+    [total] = evidence(doc, "compilation", "pass", "buckets")
+    assert total["graphs"] == 3 and doc["ranks"][0]["warmup_steps"] == 3 and len(doc["steps"]) == 6
+    # the fault twin: a bucket whose steady-state call compiled again fails, and so does the total (3 graphs for
+    # 2 buckets)
+    from types import SimpleNamespace
+
+    from torch_neuronx.tools.check import verdicts
+    from torch_neuronx.tools.check.config import Side
+
+    side = Side("neuron", [])
+    steps = [{"i": 0, "compile": {"graphs": 1}}, {"i": 1, "compile": {"graphs": 1}}, {"i": 2, "compile": {"graphs": 0}},
+             {"i": 3, "compile": {"graphs": 1, "recompiles": [{"function": "forward", "reason": "size"}]}}]
+    side.ranks = {0: SimpleNamespace(steps=steps)}  # type: ignore[dict-item]
+    layer = verdicts.Layer()
+    verdicts.bucket_compilation(layer, side, [8, 16])
+    assert [(e["check"], e["verdict"]) for e in layer.evidence] == [("bucket", "pass"), ("bucket", "fail"),
+                                                                    ("buckets", "fail")]
+
+
+def test_buckets_widen_the_warm_up_and_the_shape_limit() -> None:
+    """With --buckets each bucket's first call compiles by design: after 4 SFT steps (--task all), 5 buckets make
+    9 warm-up steps and allow 6 shapes (one per bucket, plus one); a larger user threshold still wins."""
+    from torch_neuronx.tools.check.config import Thresholds
+
+    buckets = [4, 8, 12, 16, 24]
+    th = CheckConfig(hf_model="m", task="all", buckets=buckets).effective_thresholds()
+    assert (th.warmup_steps, th.max_shapes) == (9, 6)
+    th = CheckConfig(hf_model="m", task="generate", buckets=buckets).effective_thresholds()
+    assert (th.warmup_steps, th.max_shapes) == (5, 6)
+    mine = Thresholds(warmup_steps=20, max_shapes=30)
+    assert CheckConfig(hf_model="m", buckets=buckets, thresholds=mine).effective_thresholds() == mine
+    assert CheckConfig(hf_model="m", thresholds=mine).effective_thresholds() is mine
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--buckets", ""], "give comma-separated prompt lengths"),
+    (["--buckets", "0,8"], "at least 1 token"),
+    (["--buckets=-8"], "at least 1 token"),
+    (["--buckets", "8,x"], "whole number of tokens"),
+    (["--buckets", "8.5"], "whole number of tokens"),
+    (["--buckets", "16,8"], "increasing order"),
+    (["--buckets", "8,8"], "increasing order"),
+    (["--buckets", "8,1000"], "exceeds the model's 256 positions"),
+    (["--buckets", "8", "--task", "sft"], "not sft"),
+    (["--buckets-from", "missing.json"], "no such file"),
+    (["--buckets-from", "notjson.json"], "not a JSON file"),
+    (["--buckets-from", "noplan.json"], "no `context_buckets` list"),
+    (["--buckets-from", "badplan.json"], "increasing order"),
+])
+def test_bad_bucket_lists_exit_2_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str], args: list[str],
+                                               message: str) -> None:
+    from torch_neuronx.tools.cli import main
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"model_type": "llama",
+                                                                 "max_position_embeddings": 256}))
+    (tmp_path / "notjson.json").write_text("{")
+    (tmp_path / "noplan.json").write_text("{}")
+    (tmp_path / "badplan.json").write_text(json.dumps({"context_buckets": [512, 128]}))
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "--hf-model", "model", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "neuronx-check").exists()  # refused before anything ran
+
+
 def test_hf_sft_tp_fsdp_example_passes_all_four_layers(tmp_path: Path) -> None:
     example = str(REPO / "examples" / "hf_sft_tp_fsdp.py")
     doc = run_check(tmp_path, [example, "--steps", "3", "--out", str(tmp_path / "dist")], nproc_per_node=4,
@@ -442,16 +533,50 @@ def test_a_clean_ddp_job_with_dropout_passes(tmp_path: Path) -> None:
     doc = run_check(tmp_path, job(tmp_path, "ddp_dropout"), nproc_per_node=2)
     assert {k: v["verdict"] for k, v in doc["layers"].items()} == dict.fromkeys(LAYERS, "pass"), report.text(doc)
     assert {e["rank"] for e in evidence(doc, "correctness", "pass", "loss_vs_reference")} == {0, 1}
-    assert evidence(doc, "distribution", "pass", "replicas") and evidence(doc, "distribution", "pass", "collectives")
+    assert evidence(doc, "distribution", "pass", "replicas")
+    [e] = evidence(doc, "distribution", "pass", "collectives")
+    assert [e["calls"][r]["all_reduce"] for r in (0, 1)] == [4, 4], e  # one bucket per backward, 4 steps
+    # issued after the last step (dcp.save's plan exchange): counted too, from the groups' own counters
+    assert all(e["calls"][r].get("gather") and e["calls"][r].get("scatter") for r in (0, 1)), e
+    # issue 29.1: the distributed checkpoint both ranks wrote (a .distcp file each), compared whole
+    [dcp] = [x for x in evidence(doc, "correctness", "pass", "checkpoint") if x["path"].endswith("dcp_ddp")]
+    assert "matches the reference run's version: the same 4 keys" in dcp["message"], dcp
+    assert len(list((tmp_path / "dcp_ddp").glob("*.distcp"))) == 2
 
 
 def test_a_rank_that_never_steps_fails_distribution(tmp_path: Path) -> None:
     # issue 29.5: rank 1 runs forward and backward (DDP's all-reduces) but never calls optimizer.step(): a
-    # distribution failure, not only a warning. The twin is the DDP test above. (Its collective counts are still
-    # lost when its only step closes after destroy_process_group: not fixed, see docs/check.md.)
+    # distribution failure, not only a warning. The twin is the DDP test above. Rank 1's collectives are its true
+    # counts, read from its process group's counters although its only step closes after destroy_process_group.
     doc = run_check(tmp_path, job(tmp_path, "no_step", "neuron"), nproc_per_node=2)
     [e] = evidence(doc, "distribution", "fail", "optimizer_steps")
     assert "rank 1 took 0, rank 0 took 4" in e["message"], e
+    assert [e["calls"][r]["all_reduce"] for r in (0, 1)] == [4, 4], e  # one bucket per backward, 4 backwards
+    assert "'all_reduce': 4" in e["message"]
+    [same] = evidence(doc, "distribution", "pass", "collectives")
+    assert same["calls"] == e["calls"]
+
+
+def test_collectives_are_compared_by_each_ranks_true_totals() -> None:
+    # The totals in a rank's end event (its groups' own counters) win over its steps' deltas, which miss what was
+    # issued after the last step; events without them (an older probe, a killed rank) fall back to the steps'.
+    from torch_neuronx.tools.check.results import RankRun
+    from torch_neuronx.tools.check.run import Side
+    from torch_neuronx.tools.check.verdicts import Layer, _collectives
+
+    def rank(r: int, steps: int, total: int | None) -> RankRun:
+        end = {"comm": {"all_reduce": {"calls": total, "bytes": 64 * total}}} if total is not None else {}
+        return RankRun(rank=r, steps=[{"i": i, "comm": {"all_reduce": {"calls": 1, "bytes": 64}}}
+                                      for i in range(steps)], end=end)
+
+    cases = [((rank(0, 4, 4), rank(1, 0, 4)), "pass", [4, 4]),  # rank 1 never stepped: its true count
+             ((rank(0, 4, 4), rank(1, 0, 3)), "warn", [4, 3]),
+             ((rank(0, 4, None), rank(1, 2, None)), "warn", [4, 2])]  # no totals: the steps' sums
+    for ranks, verdict, counts in cases:
+        layer = Layer()
+        _collectives(layer, Side("neuron", ["job"], ranks={r.rank: r for r in ranks}))
+        [e] = layer.evidence
+        assert (e["verdict"], e["calls"]) == (verdict, {r: {"all_reduce": n} for r, n in enumerate(counts)}), e
 
 
 def test_a_correct_compiled_job_with_dropout_passes(tmp_path: Path) -> None:
@@ -562,6 +687,24 @@ def test_checkpoints_are_compared_with_the_reference_runs(checkpoints_doc: Any) 
     assert "does not load on CPU" in _checkpoint(doc, "fail", "device.pt")["message"]
     assert torch.load(tmp_path / "good.pt")["by"] == "neuron"
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_distributed_checkpoints_are_compared_with_the_reference_runs(checkpoints_doc: Any) -> None:
+    # issue 29.1: torch.distributed.checkpoint folders, each loaded whole on CPU without a process group: one
+    # tensor's rows reversed on neuron and one key dropped on neuron fail naming the key; their twin passes.
+    # Their .distcp parts are never checked as files of their own, nor reported as unreadable torch.save streams.
+    tmp_path, doc = checkpoints_doc
+    permuted = _checkpoint(doc, "fail", "dcp_permuted")
+    assert "1 tensor(s) differ from the reference's beyond tolerance, the worst model.0.weight" in \
+        permuted["message"], permuted
+    assert permuted["worst"]["key"] == "model.0.weight"
+    missing = _checkpoint(doc, "fail", "dcp_missing")
+    assert "keys the reference run saved are missing: ['model.2.bias']" in missing["message"], missing
+    good = _checkpoint(doc, "pass", "dcp_good")
+    assert "matches the reference run's version: the same 4 keys" in good["message"], good
+    everything = doc["layers"]["correctness"]["evidence"]
+    assert not [e for e in everything if ".distcp" in e["message"] or "NoCloseWriter" in e["message"]]
+    assert (tmp_path / "dcp_good" / ".metadata").is_file()  # the neuron run's folder, put back in place
 
 
 def test_memory_that_grows_every_step_warns_with_the_projected_oom(tmp_path: Path) -> None:

@@ -15,7 +15,9 @@ the process then owns exactly one NeuronCore, ``neuron:LOCAL_RANK``, with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch
 
@@ -25,6 +27,9 @@ from torch_neuronx.runtime import env
 __all__ = ["comm_stats", "init_mesh", "reset_comm_stats"]
 
 _BACKEND = "neuron"
+# Called with each ProcessGroupNeuron this process creates: `torch-neuronx check`'s probe keeps them so that it
+# reads their collective counts even after destroy_process_group() (c10d has no hook on that call).
+_backend_listeners: list[Callable[[Any], None]] = []
 
 
 def _create_backend(store, rank: int, size: int, timeout: timedelta):  # type: ignore[no-untyped-def]
@@ -38,6 +43,8 @@ def _create_backend(store, rank: int, size: int, timeout: timedelta):  # type: i
     # TorchNeuron's bucketing of large all-gathers and reduce-scatters (bad values warn, naming the variable)
     backend._set_bucketing(env.get("COLLECTIVE_BUCKETSIZE_IN_MB") << 20, env.get("NEURON_USE_SPLIT_ALLGATHER"),
                            env.get("NEURON_USE_SPLIT_REDUCE_SCATTER"))
+    for listener in _backend_listeners:
+        listener(backend)
     return backend
 
 

@@ -11,6 +11,7 @@ EPILOG = """examples:
   torch-neuronx check -- train.py --device {device}          # reference: the same command on cpu
   torch-neuronx check --nproc-per-node 4 --json check.json -- train.py
   torch-neuronx check --hf-model ./my-model --task sft
+  torch-neuronx check --hf-model ./my-model --task generate --buckets-from plan.json   # plan --serve's buckets
 exit code: 0 when no layer fails, 1 when one does, 2 for bad arguments (refused before anything runs),
 128 + N when stopped by signal N (the job is killed first)."""
 
@@ -29,6 +30,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--hf-model", metavar="DIR", help="check a Hugging Face model directory with the built-in "
                    "workload (static-cache generate and SFT steps) instead of a command")
     p.add_argument("--task", default="all", choices=("generate", "sft", "all"), help="the built-in workload's tasks")
+    buckets = p.add_mutually_exclusive_group()
+    buckets.add_argument("--buckets", metavar="LIST", help="--hf-model: run generate at each of these prompt "
+                         "lengths (e.g. 128,512), a padded prompt per bucket, against CPU (docs/check.md)")
+    buckets.add_argument("--buckets-from", metavar="PLAN_JSON", help="--hf-model: the context buckets of a "
+                         "`torch-neuronx plan MODEL --serve --json PLAN_JSON` output")
     p.add_argument("--reference", nargs=argparse.REMAINDER, help="the reference command (give it last: "
                    "--reference -- ref.py ...); default: the job with {device} replaced by cpu")
     p.add_argument("--out", default="neuronx-check", help="where events, logs and reports go (default %(default)s)")
@@ -64,7 +70,13 @@ def _split(argv: list[str]) -> tuple[list[str], list[str] | None]:
 def run(args: argparse.Namespace) -> int:
     from torch_neuronx.runtime import processes
     from torch_neuronx.tools.check import report
-    from torch_neuronx.tools.check.config import CheckConfig, Thresholds, check_writable_file
+    from torch_neuronx.tools.check.config import (
+        CheckConfig,
+        Thresholds,
+        buckets_from_plan,
+        check_writable_file,
+        parse_buckets,
+    )
     from torch_neuronx.tools.check.run import check
 
     command, reference = _split(args.job)
@@ -74,9 +86,12 @@ def run(args: argparse.Namespace) -> int:
         if args.reference is not None and not args.reference:  # `check --reference -- ref.py`: argparse put
             raise ValueError("--reference was given but no job: put the job first, then the reference, e.g. "
                              "`torch-neuronx check -- train.py --reference -- ref.py`")  # ref.py in the job
+        buckets = parse_buckets(args.buckets) if args.buckets is not None else \
+            buckets_from_plan(args.buckets_from) if args.buckets_from is not None else None
         cfg = CheckConfig(command=command, reference=reference, nproc_per_node=args.nproc_per_node,
                           reference_nproc_per_node=args.reference_nproc_per_node,
-                          instance=args.instance, hf_model=args.hf_model, task=args.task, out_dir=Path(args.out),
+                          instance=args.instance, hf_model=args.hf_model, task=args.task, buckets=buckets,
+                          out_dir=Path(args.out),
                           timeout=args.timeout, checkpoints=args.checkpoint, progress=not args.no_progress,
                           thresholds=Thresholds(args.loss_rtol, args.loss_atol, args.warmup_steps, args.max_shapes,
                                                 args.memory_warn, args.max_startup))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from torch_neuronx.tools.check import results
@@ -60,6 +60,7 @@ class CheckConfig:
     instance: str | None = None  # TORCH_NEURONX_INSTANCE_TYPE for the job
     hf_model: str | None = None  # a Hugging Face model directory: the built-in workload instead of a command
     task: str = "all"  # the built-in workload's tasks: generate, sft or all
+    buckets: list[int] | None = None  # --hf-model: generate at each of these prompt lengths (plan --serve's buckets)
     out_dir: Path = Path("neuronx-check")
     timeout: float = 1800.0  # seconds for everything: job, reference and checkpoint loads
     checkpoints: list[str] = field(default_factory=list)  # more files or directories to load on CPU
@@ -79,6 +80,8 @@ class CheckConfig:
                              "save_pretrained")
         if self.task not in ("generate", "sft", "all"):
             raise ValueError(f"--task {self.task!r}: choose generate, sft or all")
+        if self.buckets is not None:
+            self._validate_buckets()
         if self.nproc_per_node is not None and self.nproc_per_node < 1:
             raise ValueError(f"--nproc-per-node {self.nproc_per_node}: give a positive process count")
         if self.reference_nproc_per_node is not None and self.reference_nproc_per_node < -1:
@@ -115,6 +118,108 @@ class CheckConfig:
             raise ValueError(f"--out {out}: {existing} is a file, so the folder cannot be made; give another --out")
         if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
             raise ValueError(f"--out {out}: {existing} is not writable; give a folder you can write to")
+
+    def _validate_buckets(self) -> None:
+        if self.hf_model is None:
+            raise ValueError("--buckets feeds the built-in workload's generate layer: give --hf-model DIR")
+        if self.task == "sft":
+            raise ValueError("--buckets sets generate's prompt lengths: give --task generate or all, not sft")
+        problem = bucket_problem(self.buckets)
+        if problem:
+            raise ValueError(f"--buckets {self.buckets}: {problem}")
+        limit = max_positions(Path(self.hf_model) / "config.json")
+        if limit is not None and self.buckets[-1] + HF_NEW_TOKENS > limit:
+            raise ValueError(f"--buckets: bucket {self.buckets[-1]} + {HF_NEW_TOKENS} generated tokens exceeds the "
+                             f"model's {limit} positions (max_position_embeddings); give buckets up to "
+                             f"{limit - HF_NEW_TOKENS}")
+
+    def effective_thresholds(self) -> Thresholds:
+        """The thresholds a verdict uses: with --buckets, each bucket's first generate call compiles its own graph
+        (a static cache of a new length), so the warm-up covers the SFT steps and one call per bucket, and the
+        compiled decode step sees one input shape per bucket (plus the built-in prompts' one) by design."""
+        if not self.buckets:
+            return self.thresholds
+        earlier = HF_SFT_STEPS if self.task == "all" else 0
+        th = self.thresholds
+        return replace(th, warmup_steps=max(th.warmup_steps, earlier + len(self.buckets)),
+                       max_shapes=max(th.max_shapes, len(self.buckets) + 1))
+
+
+# The built-in workload's shape (tools/check/hf_workload.py): SFT steps before generate, tokens generated per call.
+HF_SFT_STEPS = 4
+HF_NEW_TOKENS = 8
+MAX_BUCKETS = 16  # each bucket compiles a graph on Trainium; Dynamo's cache_size_limit is 8 per code object
+
+
+def bucket_problem(buckets: object) -> str | None:
+    """Why a list of prompt-length buckets cannot be run (None when it can): whole numbers >= 1, strictly
+    increasing (a duplicate would compile nothing new; plan --serve writes them sorted), at most MAX_BUCKETS."""
+    if not isinstance(buckets, list) or not buckets:
+        return "give one or more prompt lengths, e.g. --buckets 128,512"
+    if any(isinstance(b, bool) or not isinstance(b, int) for b in buckets):
+        return "each bucket is a whole number of tokens"
+    if any(b < 1 for b in buckets):
+        return "each bucket is at least 1 token"
+    if any(b >= c for b, c in zip(buckets, buckets[1:], strict=False)):
+        return "give the buckets in increasing order, each once"
+    if len(buckets) > MAX_BUCKETS:
+        return f"at most {MAX_BUCKETS} buckets (each compiles its own graph)"
+    return None
+
+
+def parse_buckets(text: str) -> list[int]:
+    """`--buckets 128,512` as a list; ValueError with a one-line message for anything else."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not text.strip() or any(not p for p in parts):
+        raise ValueError(f"--buckets {text!r}: give comma-separated prompt lengths, e.g. --buckets 128,512")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"--buckets {text!r}: each bucket is a whole number of tokens, e.g. --buckets 128,512") \
+            from None
+    problem = bucket_problem(values)
+    if problem:
+        raise ValueError(f"--buckets {text!r}: {problem}")
+    return values
+
+
+def buckets_from_plan(path: str) -> list[int]:
+    """The context-encoding buckets of a `torch-neuronx plan MODEL --serve --json PATH` output (its
+    `context_buckets`: the prompt lengths the plan pads to)."""
+    import json
+
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"--buckets-from {path}: no such file; give the JSON that `torch-neuronx plan MODEL --serve "
+                         "--json PATH` wrote")
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"--buckets-from {path}: not a JSON file ({type(e).__name__})") from None
+    buckets = doc.get("context_buckets") if isinstance(doc, dict) else None
+    if buckets is None:
+        raise ValueError(f"--buckets-from {path}: no `context_buckets` list; give the JSON of `plan --serve --json`")
+    problem = bucket_problem(buckets)
+    if problem:
+        raise ValueError(f"--buckets-from {path}: context_buckets {str(buckets)[:80]}: {problem}")
+    return list(buckets)
+
+
+def max_positions(config_json: Path) -> int | None:
+    """The model's position limit (max_position_embeddings or n_positions), None when its config has none."""
+    import json
+
+    try:
+        config = json.loads(config_json.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    for key in ("max_position_embeddings", "n_positions"):
+        for source in (config, text_config):
+            value = source.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
 
 
 def job_problem(command: list[str], cwd: Path | None) -> None:

@@ -5,7 +5,8 @@ by `torch-neuronx check`, never imported by the plugin's processes except for
 :func:`tensor_digest`, so it imports nothing of torch_neuronx. It reads a JSON
 request on stdin and prints one JSON line: for each checkpoint, whether it
 loads the way portable code loads it (``torch.load(..., map_location="cpu",
-weights_only=True)``, safetensors, ``from_pretrained``), the digest of every
+weights_only=True)``, safetensors, ``from_pretrained``, a distributed checkpoint
+folder read without a process group), the digest of every
 tensor, the devices the tensors were saved from, and for a Hugging Face
 directory the logits on a fixed batch.
 """
@@ -151,9 +152,26 @@ def load_hf(path: str, probe_ids: list[int] | None) -> tuple[dict[str, Any], dic
     return out, tensors
 
 
+def load_dcp(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A torch.distributed.checkpoint folder read whole into plain CPU tensors in this one process, with no
+    process group: what torch.distributed.checkpoint.format_utils.dcp_to_torch_save does (shards of every rank
+    put together by the folder's metadata)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    state: dict[str, Any] = {}
+    _load_state_dict(state, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(),
+                     no_dist=True)
+    tensors = flat_tensors(state)
+    return {**_describe(tensors), "object": "distributed checkpoint"}, tensors
+
+
 def load(path: str, kind: str, probe_ids: list[int] | None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     if kind == "hf":
         return load_hf(path, probe_ids)
+    if kind == "dcp":
+        return load_dcp(path)
     if kind == "safetensors":
         return load_safetensors(path)
     return load_torch(path)

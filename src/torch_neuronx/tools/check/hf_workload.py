@@ -10,6 +10,14 @@ checker loads OUT on CPU and compares). Generation: greedy ``generate`` with
 the static cache, three prompts of one length, each a step; the tokens are
 recorded. On neuron, transformers compiles the decode step with the "neuron"
 backend by itself; on CPU it runs eagerly.
+
+With ``--buckets 128,512`` (``check --hf-model DIR --buckets`` / ``--buckets-from
+plan.json``: the context buckets of ``plan --serve``) generation runs once per
+bucket instead: a prompt of 3/4 of the bucket's length, left-padded to it (as a
+serving stack pads a prompt to its context bucket, masked), a static cache of
+bucket + new tokens; first one warm-up call per bucket (each compiles the decode
+graph for its cache length), then one steady call per bucket (none may compile).
+Tokens are recorded as ``generated_b{bucket}`` and ``generated_b{bucket}_warmup``.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import torch  # noqa: E402
 
 from torch_neuronx.testing import hf as tiny_hf  # noqa: E402
 from torch_neuronx.tools.check import probe as check  # noqa: E402  (the markers of torch_neuronx.check)
+from torch_neuronx.tools.check.config import HF_NEW_TOKENS, HF_SFT_STEPS, parse_buckets  # noqa: E402
 from torch_neuronx.tools.check.verdicts import PROBE_IDS  # noqa: E402
 
 PROMPTS = ["the cat sat on", "a dog ran to", "the bird flew over"]
@@ -38,7 +47,7 @@ def load_tokenizer(model_dir: Path):  # type: ignore[no-untyped-def]
         return tiny_hf.tokenizer()
 
 
-def sft(model_dir: Path, device: str, out: Path, steps: int = 4) -> None:
+def sft(model_dir: Path, device: str, out: Path, steps: int = HF_SFT_STEPS) -> None:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
     from trl import SFTConfig, SFTTrainer
@@ -58,7 +67,7 @@ def sft(model_dir: Path, device: str, out: Path, steps: int = 4) -> None:
         check.record("probe_logits", trainer.model(ids).logits)
 
 
-def generate(model_dir: Path, device: str, new_tokens: int = 8) -> None:
+def generate(model_dir: Path, device: str, new_tokens: int = HF_NEW_TOKENS) -> None:
     from transformers import AutoModelForCausalLM
 
     tok = load_tokenizer(model_dir)
@@ -73,16 +82,48 @@ def generate(model_dir: Path, device: str, new_tokens: int = 8) -> None:
         check.step()
 
 
+def bucket_prompt(tok, bucket: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[no-untyped-def]
+    """A prompt of ``bucket - bucket // 4`` real tokens (the built-in prompts' words, repeated), left-padded to the
+    bucket with `pad_id` and masked: ids and attention mask, each [1, bucket]."""
+    words = tok(" ".join(PROMPTS), return_tensors="pt")["input_ids"][0]
+    real = bucket - bucket // 4
+    ids = words.repeat(real // len(words) + 1)[:real]
+    pad = torch.full((bucket - real,), pad_id, dtype=ids.dtype)
+    mask = torch.cat([torch.zeros(bucket - real, dtype=torch.long), torch.ones(real, dtype=torch.long)])
+    return torch.cat([pad, ids])[None], mask[None]
+
+
+def generate_buckets(model_dir: Path, device: str, buckets: list[int], new_tokens: int = HF_NEW_TOKENS) -> None:
+    from transformers import AutoModelForCausalLM
+
+    tok = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                 device_map="neuron" if device == "neuron" else None)
+    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    prompts = {b: bucket_prompt(tok, b, pad_id) for b in buckets}
+    for suffix in ("_warmup", ""):  # every bucket's warm-up call (it compiles), then every bucket's steady call
+        for b in buckets:
+            ids, mask = (t.to(model.device) for t in prompts[b])
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                                 min_new_tokens=new_tokens, do_sample=False, cache_implementation="static",
+                                 disable_compile=device == "cpu", pad_token_id=pad_id)
+            check.record(f"generated_b{b}{suffix}", out[:, b:])
+            check.step()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, type=Path)
     parser.add_argument("--task", default="all", choices=("generate", "sft", "all"))
     parser.add_argument("--device", default="neuron", choices=("neuron", "cpu"))
     parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--buckets", type=parse_buckets, help="generate at each prompt length, e.g. 128,512")
     args = parser.parse_args(argv)
     if args.task in ("sft", "all"):
         sft(args.model, args.device, args.out)
-    if args.task in ("generate", "all"):
+    if args.task in ("generate", "all") and args.buckets:
+        generate_buckets(args.model, args.device, args.buckets)
+    elif args.task in ("generate", "all"):
         generate(args.model, args.device)
 
 

@@ -12,7 +12,8 @@ which takes over once used), ``record`` (values the job asks to compare),
 kept beside the events so that they can be loaded too), ``rng`` (random draws that could not follow the
 CPU's stream, tools/check/rng.py),
 ``mesh`` (each root DeviceMesh built), ``error`` (an uncaught exception) and
-``end``. A step carries the losses (every autograd root: ``backward`` on a scalar, or on
+``end`` (with the process's collective totals, read from every neuron process group it created, destroyed
+ones included). A step carries the losses (every autograd root: ``backward`` on a scalar, or on
 a tensor with its gradient as sum(root x gradient); ``torch.autograd.grad``'s
 outputs likewise; or the ``check.step(loss)`` marker's), a digest of the
 optimizer's parameters (per-tensor norms; replicas must agree), the top-level
@@ -114,6 +115,7 @@ class Probe:
         self._models: list[weakref.ref[torch.nn.Module]] = []
         self._compile = {"graphs": 0, "recompilations": 0, "seconds": 0.0, "breaks": 0}
         self._comm: dict[str, dict[str, int]] = {}
+        self._backends: list[Any] = []  # every neuron process group backend made here: read after their destroy too
         self._fallbacks: dict[str, int] = {}
         self._capacity: dict[int, int] = {}
         self._cores: set[int] = set()
@@ -216,6 +218,8 @@ class Probe:
             self.emit("probe_error", where="save", message=f"{type(e).__name__}: {e}")
 
     def _on_save(self, obj: Any, f: Any, kind: str) -> None:
+        if _distributed_checkpoint_part(f):  # one tensor of a DCP folder: the checker loads the folder whole
+            return
         try:
             digests = {k: {"digest": tensor_digest(t), "shape": list(t.shape), "dtype": str(t.dtype),
                            "device": t.device.type} for k, t in flat_tensors(obj).items()}
@@ -341,7 +345,7 @@ class Probe:
         before = self._fallbacks
         new_fallbacks = {k: n - before.get(k, 0) for k, n in fallbacks.items() if n > before.get(k, 0)}
         self._fallbacks = fallbacks
-        comm = _comm_stats()
+        comm = _comm_stats(self._backends)
         comm_delta = {k: {"calls": v["calls"] - self._comm.get(k, {}).get("calls", 0),
                           "bytes": v["bytes"] - self._comm.get(k, {}).get("bytes", 0)} for k, v in comm.items()}
         self._comm = comm
@@ -408,8 +412,13 @@ class Probe:
                         "compile_seconds": snap["compile_seconds"], "graphs": snap["graphs_compiled"]}
         except Exception as e:
             compiled = {"error": f"{type(e).__name__}: {e}"}
+        try:  # the process's true totals, those issued after its last step (or with no step at all) included
+            comm_total: Any = _comm_stats(self._backends)
+        except Exception as e:
+            comm_total = {"error": f"{type(e).__name__}: {e}"}
+        self._backends.clear()
         self.emit("end", compile=compiled, wrappers=wrappers, world_size=_world_size(),
-                  optimizer_steps=self._optimizer_steps, markers=self._markers)
+                  optimizer_steps=self._optimizer_steps, markers=self._markers, comm=comm_total)
         with self._lock:
             self._file.close()
 
@@ -500,24 +509,37 @@ def _guard_words(dynamo_reason: str) -> str:
     return f"`{name}` changed (guard `{expr}` failed)" if name else f"guard `{expr}` failed"
 
 
-def _comm_stats() -> dict[str, dict[str, int]]:
-    """Collectives of every neuron process group of this process (the world and each mesh dimension's), summed."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return {}
-    from torch.distributed import distributed_c10d
+def _distributed_checkpoint_part(f: Any) -> bool:
+    """Whether torch.save is writing one item of a torch.distributed.checkpoint (DCP) folder: its writer saves
+    each tensor into a stream of its own (a ``.distcp`` file, or a wrapper of it from DCP's module)."""
+    if type(f).__module__.startswith("torch.distributed.checkpoint"):
+        return True
+    name = f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
+    return isinstance(name, (str, os.PathLike)) and os.fspath(name).endswith(".distcp")
 
-    from torch_neuronx import distributed
 
+def _comm_stats(known: list[Any]) -> dict[str, dict[str, int]]:
+    """Collectives of every neuron process group of this process (the world and each mesh dimension's), summed:
+    the backends seen made (`known`, still counted after destroy_process_group) and those of the live groups."""
+    backends = list(known)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        from torch.distributed import distributed_c10d
+
+        from torch_neuronx import distributed
+
+        for group in list(distributed_c10d._world.pg_map):
+            try:
+                backend = distributed._neuron_backend(group)
+            except Exception:  # not a neuron group (gloo on a CPU reference run)
+                continue
+            if not any(backend is b for b in backends):
+                backends.append(backend)
     total: dict[str, dict[str, int]] = {}
-    for group in list(distributed_c10d._world.pg_map):
-        try:
-            stats = distributed.comm_stats(group)
-        except Exception:  # not a neuron group (gloo on a CPU reference run)
-            continue
-        for name, s in stats.items():
+    for backend in backends:
+        for name, (calls, nbytes) in backend.comm_stats().items():
             t = total.setdefault(name, {"calls": 0, "bytes": 0})
-            t["calls"] += s["calls"]
-            t["bytes"] += s["bytes"]
+            t["calls"] += calls
+            t["bytes"] += nbytes
     return total
 
 
@@ -614,6 +636,10 @@ def install() -> Probe | None:
 
     register_optimizer_step_pre_hook(probe.before_optimizer_step)
     register_optimizer_step_post_hook(probe.on_optimizer_step)
+    if torch.distributed.is_available():
+        from torch_neuronx import distributed
+
+        distributed._backend_listeners.append(probe._backends.append)
     patches.patch_for_check(probe.on_backward, probe.on_save, probe.on_mesh)
     from torch_neuronx.tools.check import rng
 

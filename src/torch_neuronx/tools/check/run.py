@@ -38,6 +38,8 @@ def job_commands(cfg: CheckConfig) -> tuple[list[str], list[str] | None]:
     if cfg.hf_model is not None:
         base = ["-m", "torch_neuronx.tools.check.hf_workload", "--model", str(Path(cfg.hf_model).resolve()),
                 "--task", cfg.task, "--device", PLACEHOLDER, "--out", str((cfg.out_dir / "hf-{device}").resolve())]
+        if cfg.buckets:
+            base += ["--buckets", ",".join(str(b) for b in cfg.buckets)]
         return _sub(base, "neuron"), _sub(base, "cpu")
     has_placeholder = any(PLACEHOLDER in a for a in cfg.command)
     reference = cfg.reference if cfg.reference else (_sub(cfg.command, "cpu") if has_placeholder else None)
@@ -202,7 +204,7 @@ def find_checkpoints(side: Side, cfg: CheckConfig, since: float) -> list[dict[st
             inside = path.startswith(out + os.sep) and not ev.get("buffer")
             if not Path(path).is_file() and ev.get("inode"):  # renamed after the save: found by its inode
                 path = _renamed(Path(path), ev["inode"], [f for f, _ in written]) or path
-            if not Path(path).is_file() or inside:
+            if not Path(path).is_file() or inside or _dcp_dir(Path(path)) is not None:
                 continue
             hf_dir = _hf_dir(Path(path))
             if hf_dir is not None and not ev.get("buffer"):
@@ -215,14 +217,17 @@ def find_checkpoints(side: Side, cfg: CheckConfig, since: float) -> list[dict[st
             continue  # the model under test, not something the job wrote
         if str(f).startswith(out + os.sep) and not any(r != roots[0] and r in f.parents for r in roots):
             continue  # the checker's own files (events, kept copies), not the built-in workload's output
+        if kind == "dcp":  # a distributed checkpoint: its folder, loaded whole
+            wanted.setdefault(str(f.parent), {"path": str(f.parent), "kind": "dcp"})
+            continue
         hf_dir = _hf_dir(f)
         if hf_dir is not None:
             wanted.setdefault(str(hf_dir), {"path": str(hf_dir), "kind": "hf"})
         wanted.setdefault(str(f), {"path": str(f), "kind": kind})
     for extra in cfg.checkpoints:
         p = Path(extra).resolve()
-        kind = "hf" if _hf_dir(p / "config.json") else ("safetensors" if p.suffix == ".safetensors" else
-                                                        "torch.save")
+        kind = "hf" if _hf_dir(p / "config.json") else "dcp" if _dcp_dir(p / ".metadata") else (
+            "safetensors" if p.suffix == ".safetensors" else "torch.save")
         wanted.setdefault(str(p), {"path": str(p), "kind": kind})
     return list(wanted.values())
 
@@ -253,8 +258,18 @@ def _renamed(path: Path, inode: list[int], candidates: list[Path]) -> str | None
     return None
 
 
+def _dcp_dir(f: Path) -> Path | None:
+    """The folder of `f` when it is a torch.distributed.checkpoint (DCP) folder: its global ``.metadata`` file
+    (torch/distributed/checkpoint/filesystem.py, ``_metadata_fn``) beside ``.distcp`` data files."""
+    return f.parent if (f.parent / ".metadata").is_file() else None
+
+
 def _checkpoint_kind(f: Path) -> str | None:
-    """"safetensors", "torch.save" (a torch.save zip archive, whatever its name) or None."""
+    """"safetensors", "torch.save" (a torch.save zip archive, whatever its name), "dcp" (the ``.metadata`` file
+    of a distributed checkpoint folder; its ``.distcp`` files, which start as zip archives, are parts of it)
+    or None."""
+    if _dcp_dir(f) is not None:
+        return "dcp" if f.name == ".metadata" else None
     if f.name.endswith(".safetensors"):
         return "safetensors"
     try:

@@ -290,6 +290,8 @@ def _checkpoints(layer: Layer, neuron: Side, items: list[dict[str, Any]]) -> Non
                 f"its {len(got.get('tensors', {}))} tensors are finite")
         if not saved and not got.get("tensors") and item["kind"] == "torch.save":
             same = f"holds a {got.get('object', 'Python object')} without tensors"
+        if item["kind"] == "dcp":  # torch.distributed.checkpoint: every rank's shards, put together
+            same = f"{same} (a distributed checkpoint folder, read whole without a process group)"
         where = got.get("saved_from", [])
         note = f" (tensors saved from {', '.join(where)}: map_location='cpu' is needed)" if "neuron" in where else ""
         if got.get("note"):
@@ -469,7 +471,7 @@ def _replicated(run: Any) -> bool:
         return False
     if any(w.get("ddp") for w in wrappers):
         return True
-    all_reduces = any("all_reduce" in name or "allreduce" in name for s in run.steps for name in s.get("comm", {}))
+    all_reduces = any("all_reduce" in name or "allreduce" in name for name in _rank_collectives(run))
     return bool(wrappers) and all_reduces
 
 
@@ -508,27 +510,40 @@ def _optimizer_steps(layer: Layer, neuron: Side, world: int) -> None:
     most = max(steps, key=lambda r: steps[r] or 0)
     fewer = [r for r, v in steps.items() if (v or 0) < (steps[most] or 0)]
     shown = ", ".join(f"rank {r} took {steps[r] or 0}" for r in fewer)
+    calls = {r: {name: c["calls"] for name, c in _rank_collectives(neuron.ranks[r]).items()} for r in steps}
+    issued = f" (collectives issued: {calls})" if any(calls.values()) else ""
     layer.add("fail", "optimizer_steps", f"ranks took different numbers of optimizer steps: {shown}, rank {most} took "
-              f"{steps[most]}; replicas hold different parameters", ranks=fewer, steps=steps)
+              f"{steps[most]}; replicas hold different parameters{issued}", ranks=fewer, steps=steps, calls=calls)
+
+
+def _rank_collectives(run: Any) -> dict[str, dict[str, int]]:
+    """A rank's collectives: the process's totals read from its process groups' own counters at exit (those
+    issued after its last step, or with no step at all, included), else the sum of its steps'."""
+    total = (run.end or {}).get("comm")
+    if isinstance(total, dict) and "error" not in total:
+        return {name: {"calls": c["calls"], "bytes": c["bytes"]} for name, c in total.items() if c["calls"]}
+    summed: dict[str, dict[str, int]] = {}
+    for s in run.steps:
+        for name, c in s.get("comm", {}).items():
+            t = summed.setdefault(name, {"calls": 0, "bytes": 0})
+            t["calls"] += c["calls"]
+            t["bytes"] += c["bytes"]
+    return summed
 
 
 def _collectives(layer: Layer, neuron: Side) -> None:
-    per_rank = {}
-    for rank, run in neuron.ranks.items():
-        calls: dict[str, int] = {}
-        for s in run.steps:
-            for name, c in s.get("comm", {}).items():
-                calls[name] = calls.get(name, 0) + c["calls"]
-        per_rank[rank] = calls
+    counted = {rank: _rank_collectives(run) for rank, run in sorted(neuron.ranks.items())}
+    per_rank = {rank: {name: c["calls"] for name, c in comm.items()} for rank, comm in counted.items()}
     if len(per_rank) > 1 and any(per_rank.values()):
         distinct = {json.dumps(v, sort_keys=True) for v in per_rank.values()}
         if len(distinct) > 1:
             layer.add("warn", "collectives", f"ranks issued different collectives: {per_rank} (on hardware a "
-                      "mismatch hangs)")
+                      "mismatch hangs)", calls=per_rank)
         else:
-            total = sum(c["bytes"] for s in neuron.ranks[min(per_rank)].steps for c in s.get("comm", {}).values())
+            first = min(per_rank)
+            total = sum(c["bytes"] for c in counted[first].values())
             layer.add("pass", "collectives", f"every rank issued the same collectives "
-                      f"({per_rank[min(per_rank)]}); rank {min(per_rank)} moved {format_bytes(total)}")
+                      f"({per_rank[first]}); rank {first} moved {format_bytes(total)}", calls=per_rank)
 
 
 # ------------------------------------------------------------------ operations
@@ -680,15 +695,45 @@ def _first_stop(layer: Layer, neuron: Side) -> None:
               f"{after}", rank=first, log_tail=run.log_tail[-2000:])
 
 
+# ------------------------------------------------------------------ buckets (check --hf-model --buckets)
+def bucket_compilation(layer: Layer, neuron: Side, buckets: list[int]) -> None:
+    """Per bucket of `--buckets`: the generate workload's last 2 x len(buckets) steps are one warm-up call per
+    bucket, then one steady call per bucket (tools/check/hf_workload.py). Each warm-up call may compile (its static
+    cache has a new length); no steady call may; the graphs compiled in all must equal the number of buckets, as on
+    Trainium, where each bucket is one compiled graph (docs/serve.md)."""
+    for rank, run in sorted(neuron.ranks.items()):
+        steps = [s for s in run.steps if not s.get("final")]
+        if len(steps) < 2 * len(buckets):
+            layer.add("fail", "buckets", f"rank {rank}: {len(steps)} step(s) recorded, fewer than the "
+                      f"{2 * len(buckets)} generate calls of {len(buckets)} bucket(s): the workload stopped early",
+                      rank=rank)
+            continue
+        warm, steady = steps[-2 * len(buckets):-len(buckets)], steps[-len(buckets):]
+        total = 0
+        for length, w, s in zip(buckets, warm, steady, strict=True):
+            graphs = w.get("compile", {}).get("graphs", 0)
+            again = s.get("compile", {}).get("graphs", 0)
+            late = max(again, len(s.get("compile", {}).get("recompiles", [])))
+            total += graphs + again
+            layer.add("fail" if late else "pass", "bucket", f"rank {rank}: bucket {length}: {graphs} graph(s) "
+                      f"compiled in its first generate call, {late} compilation(s) in its steady-state call",
+                      rank=rank, bucket=length, graphs=graphs, steady_compiles=late)
+        verdict = "pass" if total == len(buckets) else "fail"
+        layer.add(verdict, "buckets", f"rank {rank}: {total} graph(s) compiled for {len(buckets)} bucket(s) "
+                  f"{buckets} (expected one per bucket)", rank=rank, graphs=total, buckets=list(buckets))
+
+
 # ------------------------------------------------------------------ the document
 def judge(cfg: CheckConfig, neuron: Side, ref: Side | None, items: list[dict[str, Any]],
           reference_skipped: str | None = None) -> dict[str, Any]:
     """The report document: layers with verdicts and evidence, ranks, steps (docs/check.md#json-schema)."""
     world = cfg.nproc_per_node or 1
-    th = cfg.thresholds
+    th = cfg.effective_thresholds()
     layers = {"correctness": correctness(neuron, ref, items, th, reference_skipped),
               "compilation": compilation(neuron, th),
               "distribution": distribution(neuron, world), "operations": operations(neuron, th, cfg.timeout, ref)}
+    if cfg.buckets:
+        bucket_compilation(layers["compilation"], neuron, cfg.buckets)
     steps = []
     for rank, run in sorted(neuron.ranks.items()):
         ref_losses = ref.ranks[rank].losses() if ref is not None and rank in ref.ranks else []
