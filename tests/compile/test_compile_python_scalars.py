@@ -226,3 +226,48 @@ def test_changing_int_is_specialised_per_value_and_the_warnings_name_it(monkeypa
     assert all("as a tensor" in t and "bucketing" not in t for t in recompiles + limit), texts
     # The first value, then one graph per value until the limit (3 per Dynamo graph); k=6 runs eagerly.
     assert metrics.snapshot()["graphs_compiled"] == 4
+
+
+def test_float64_graph_reads_a_changing_float_in_double_precision() -> None:
+    # Review r34b: a float that changes with the shape and an int reached Inductor's C++ kernel as a C++ float
+    # (an unbacked SymFloat), so float64 graphs computed with it rounded to float32: 1e-300 and 1e-50 became 0
+    # (x / s gave inf), 0.3 lost its last 29 bits. Such graphs now hold the float as a constant, one graph per
+    # value; the metrics name the float as the reason. The reference is eager (CPU Inductor's own FX graph cache
+    # serves the 0.3 call a graph of another value in torch 2.13).
+    def fn(x: torch.Tensor, s: float, k: int) -> torch.Tensor:
+        return (x - 5).clamp(min=s).log() + x / s + k
+
+    compiled = torch.compile(fn, backend="neuron")
+    for i, s in enumerate((0.5, 1e-300, 0.3, 1e-50)):
+        x = torch.ones(3 + 2 * i, 2, dtype=torch.float64)
+        torch.testing.assert_close(compiled(x.to("neuron"), s, 1 + i).cpu(), fn(x, s, 1 + i), rtol=0, atol=0,
+                                   msg=f"s={s}")
+    reasons = [r["reason"] for r in metrics.snapshot()["recompile_reasons"]]
+    assert any("1e-300" in r for r in reasons), reasons
+
+
+def test_a_float_compiled_in_as_a_constant_is_not_served_for_the_next_value() -> None:
+    # clamp takes its min only as a number: Inductor compiles the float in and Dynamo guards on its value, so
+    # the next value traces the same graph code again. The neuron cache served the first value's graph for it
+    # (clamp at 0.2 with s = 0.3); the key now holds the numbers' values. (CPU Inductor's own FX graph cache
+    # has the same collision in torch 2.13: the reference here is eager.)
+    def fn(x: torch.Tensor, s: float) -> torch.Tensor:
+        return x.clamp(min=s) * s
+
+    compiled = torch.compile(fn, backend="neuron")
+    x = torch.linspace(-1, 1, 6)
+    for s in (0.1, 0.2, 0.3, 0.4):
+        torch.testing.assert_close(compiled(x.to("neuron"), s).cpu(), fn(x, s), rtol=0, atol=0, msg=f"s={s}")
+
+
+def test_a_float_read_at_run_time_keeps_one_graph_per_shape() -> None:
+    # the twin: a float the graph multiplies by stays a runtime input: no graph per value
+    def fn(x: torch.Tensor, s: float) -> torch.Tensor:
+        return x * s + 1
+
+    compiled = torch.compile(fn, backend="neuron")
+    for n in (6, 8):
+        x = torch.linspace(-1, 1, n)
+        for s in (0.1, 0.2, 0.3, 0.4):
+            torch.testing.assert_close(compiled(x.to("neuron"), s).cpu(), fn(x, s), rtol=0, atol=0)
+    assert metrics.snapshot()["graphs_compiled"] <= 3  # the first value, then a runtime float, per shape

@@ -119,13 +119,15 @@ def fallback_execution(options: dict[str, Any]) -> bool:
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], function: str, compile_id: str | None,
                   options: dict[str, Any], names: list[str] | None = None, *,
-                  read_scalars: bool = False) -> Callable[..., Any]:
+                  read_scalars: bool = False, pinned: dict[int, Any] | None = None) -> Callable[..., Any]:
     """Compile one static graph through the memory and disk caches, and record it.
 
     `names` are the inputs' Dynamo sources ("" for sizes Dynamo passes as ints);
     by default they are read from the graph, where Dynamo keeps them until it
     finishes compiling. `read_scalars`: compile outside Dynamo's tracing context
     a graph that reads Python numbers from 0-d tensor inputs (:func:`static_fake_inputs`).
+    `pinned`: the Python numbers (by input position) that `gm` holds as constants (:func:`pin_scalars`);
+    the metrics describe those inputs by value, so that a new value is named as the recompile's reason.
     """
     start = time.perf_counter()
     names = names if names is not None else input_names(gm)  # before Inductor takes over the graph
@@ -159,7 +161,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], function:
             if not preserve:
                 cache.memory_put(key, compiled)
     total = time.perf_counter() - start
-    metrics.record_graph(function, _describe(names, example_inputs), total, outcome, compile_id)
+    described = [pinned[i] if pinned and i in pinned else x for i, x in enumerate(example_inputs)]
+    metrics.record_graph(function, _describe(names, described), total, outcome, compile_id)
     record = metrics.record_compiled(key or f"uncached_{timestamp}", _frame_id(compile_id), graph_type,
                                      node_count, collectives, timestamp, passes,
                                      max(0.0, total - passes - timing["inner"]), timing["inner"])
@@ -289,10 +292,16 @@ class _StaticSpecializer:
         self.scalars = scalars
         self.graphs: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self.gave_up = False
+        # Inductor's C++ kernels take a number read with item() outside Dynamo's context as a C++ float (an
+        # unbacked SymFloat: torch/_inductor/codegen/common.py, KernelArgs.cpp_argdefs): a double-precision graph
+        # would compute with it rounded to float32. Such graphs hold the numbers as constants instead, one graph
+        # per value, as CPU Inductor specialises them; each new value is a recompile the metrics name.
+        self.pin = bool(scalars) and computes_in_double(gm, scalars)
 
     def __call__(self, *args: Any) -> Any:
-        key = tuple((tuple(a.shape), a.stride(), a.dtype, a.device, a.requires_grad)
-                    if isinstance(a, torch.Tensor) else a for a in args)
+        values = {i: args[i].item() for i in self.scalars} if self.pin else {}
+        key = tuple((tuple(a.shape), a.stride(), a.dtype, a.device, a.requires_grad, values.get(i))
+                    if isinstance(a, torch.Tensor) else a for i, a in enumerate(args))
         compiled = self.graphs.get(key)
         if compiled is None:
             import torch._dynamo.config as dynamo_config
@@ -303,8 +312,12 @@ class _StaticSpecializer:
                     warnings.warn(limit_message(self.function, dynamo_config.recompile_limit,
                                                 self._varying_values([*self.graphs, key])), stacklevel=2)
                 return self.gm(*args)
-            compiled = compile_graph(self.gm, list(args), self.function, self.compile_id, self.options,
-                                     self.names, read_scalars=bool(self.scalars))
+            if self.pin:
+                compiled = compile_graph(pin_scalars(self.gm, values), list(args), self.function, self.compile_id,
+                                         self.options, self.names, pinned=values)
+            else:
+                compiled = compile_graph(self.gm, list(args), self.function, self.compile_id, self.options,
+                                         self.names, read_scalars=bool(self.scalars))
             self.compile_id = None  # Dynamo's recompile reason belongs to the first specialisation only
             self.graphs[key] = compiled
         return compiled(*args)
@@ -323,6 +336,39 @@ def limit_message(function: str, limit: int, int_arguments: list[str] | None = N
         return (f"{head} for values of the int argument {', '.join(int_arguments)} (each value is its own Neuron "
                 "graph); new values run eagerly. Pass a value that changes as a tensor, or keep it constant.")
     return f"{head} for shapes; new shapes run eagerly. Bucket the inputs (torch_neuronx.compile.bucketing)."
+
+
+_DOUBLE = (torch.float64, torch.complex128)
+
+
+def computes_in_double(gm: torch.fx.GraphModule, scalars: frozenset[int]) -> bool:
+    """Whether a tensor of the graph other than the Python numbers' own 0-d inputs is float64 or complex128
+    (Dynamo's example values, which it keeps on every node)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    numbers = {placeholders[i] for i in scalars if i < len(placeholders)}
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value")
+        if node not in numbers and isinstance(value, torch.Tensor) and value.dtype in _DOUBLE:
+            return True
+    return False
+
+
+def pin_scalars(gm: torch.fx.GraphModule, values: dict[int, Any]) -> torch.fx.GraphModule:
+    """A copy of `gm` in which each ``item()`` of the Python number at input position i is the constant
+    ``values[i]`` (the inputs stay, unread)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    constants: dict[torch.fx.Node, Any] = {}
+    for i, value in values.items():
+        for user in placeholders[i].users:
+            if (user.op == "call_method" and user.target == "item") or \
+                    (user.op == "call_function" and user.target in (torch.Tensor.item,
+                                                                     torch.ops.aten._local_scalar_dense.default)):
+                constants[user] = value
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, Any] = {}
+    for node in gm.graph.nodes:
+        env[node] = constants[node] if node in constants else graph.node_copy(node, lambda n: env[n])
+    return torch.fx.GraphModule(gm, graph)
 
 
 def static_fake_inputs(args: list[Any]) -> list[Any]:

@@ -569,6 +569,20 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], extra: str) -
             return None  # symbolic graphs are specialised per shape, never shared
         else:
             h.update(repr(value).encode())
+    # The Python numbers Dynamo passes as 0-d tensors, by value: Inductor may compile one in as a constant (its
+    # tensorify pass specialises a float that an op takes only as a number, clamp's min say, and Dynamo then
+    # guards on the value), so the graph Dynamo traces again for the next value has the same code and inputs,
+    # and is another graph. A graph that reads the number at run time is compiled again only when Dynamo
+    # itself compiles again.
+    from torch._subclasses.fake_tensor import is_fake
+
+    from torch_neuronx.compile import placement
+
+    for i in sorted(placement.python_scalar_positions(gm)):
+        value = example_inputs[i] if i < len(example_inputs) else None
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and value.device.type == "cpu" \
+                and not is_fake(value):
+            h.update(f"number {i}: {value.item()!r}".encode())
     return h.hexdigest()
 
 
