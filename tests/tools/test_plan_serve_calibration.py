@@ -45,10 +45,10 @@ def test_constants_are_the_fit_on_inf2_only() -> None:
 
 def test_held_out_accuracy_is_what_the_docs_say() -> None:
     s = cal.summary(cal.results())["held-out"]
-    # the honest figures (docs/serve.md): 61 of 76 held-out p50s (80%, the goal, by one value): TPOT 37 of 38,
-    # TTFT 24 of 38
-    assert s["values"] == 76 and s["within_25pct"] == 61
-    assert round(s["tpot_share"] * 38) == 37 and round(s["ttft_share"] * 38) == 24
+    # the honest figures (docs/serve.md): 57 of 76 held-out p50s (75%, short of the 80% goal): TPOT 37 of 38,
+    # TTFT 20 of 38
+    assert s["values"] == 76 and s["within_25pct"] == 57
+    assert round(s["tpot_share"] * 38) == 37 and round(s["ttft_share"] * 38) == 20
 
 
 def test_docs_carry_the_calibration_table() -> None:

@@ -10,8 +10,7 @@ as the training planner.
   of the MLP: Transformers NeuronX pads what does not divide) over the core's
   dense peak times ``COMPUTE_EFFICIENCY`` (or the weights read once, if
   slower), plus two all-reduces of ``batch x prompt x hidden`` per layer,
-  plus an overhead that grows with the ring the TP group's collectives run
-  over: ``CONTEXT_OVERHEAD x (1 + ring steps)`` (:func:`ring_steps`).
+  plus a fixed overhead.
 * Token generation (TPOT) is memory-bound: the weight bytes of a core plus
   the KV-cache bytes it reads per step (every slot of the bucket: a static
   cache attends over its whole length), over the core's HBM bandwidth times
@@ -44,10 +43,7 @@ HBM_EFFICIENCY = 0.508
 # Seconds per all-reduce call beyond its bytes: not fitted -- the published tables cannot tell it from the per-call
 # overheads (a fit drives it to zero), so those carry it; Factors(allreduce_latency=...) adds it.
 ALLREDUCE_LATENCY = 0.0
-# Seconds of a context-encoding call's fixed cost per step of its group's ring, plus one (the call itself): its
-# launch and every collective's synchronisation travel around the ring of chips, so the fixed cost grows with the
-# ring's length (ring_steps). Fitted on Inf2 (all TP=24: 22 steps); it is the only factor that carries the topology.
-CONTEXT_OVERHEAD = 1.023e-3
+CONTEXT_OVERHEAD = 23.5e-3  # seconds per context-encoding call (host dispatch, input transfer, sampling)
 STEP_OVERHEAD = 5.19e-3  # seconds per token-generation step (host dispatch, sampling, cache update)
 ATTENTION_EFFICIENCY = 0.0509  # share of the peak the prompt's attention attains (softmax on the vector engines)
 ATTENTION_FLOPS = 4  # per prompt token x key x head x head_dim: the full masked score matrix (no causal skipping)
@@ -127,25 +123,6 @@ def allreduce_seconds(hw: Hardware, tp: int, nbytes: float, calls: int, f: Facto
     return calls * (f.allreduce_latency + per_call)
 
 
-# How the chips of one instance are linked, as AWS's architecture pages draw them: Inf2's Inferentia2 chips in a ring
-# (aws-neuron-sdk about-neuron/arch/neuron-hardware/inf2-arch.rst, its inf2-topology figure); Trn1's 16 Trainium
-# chips in a 2D torus ("In a Trn1/Trn1n server, the Trainium chips are connected in a 2D Torus topology",
-# trn1-arch.rst); Trn2's 16 Trainium2 chips in a 4 x 4 torus (NeuronLink-v3, trn2-arch.rst). The value: chips per
-# side of the torus (None: a ring).
-TORUS_SIDE = {"inf2": None, "trn1": 4, "trn2": 4}
-
-
-def ring_steps(hw: Hardware, tp: int) -> int:
-    """Sequential chip-to-chip steps of one all-reduce over a TP group of `tp` consecutive cores: a ring of k chips
-    takes 2 (k - 1) steps (reduce-scatter, then all-gather); on a torus, a ring along each dimension it spans.
-    Cores of one chip share its HBM: no step."""
-    chips = math.ceil(tp / hw.cores_per_chip)
-    side = TORUS_SIDE.get(hw.instance.name.split(".")[0].rstrip("n"))
-    if side is None or chips <= side:
-        return 2 * (chips - 1)
-    return 2 * (side - 1) + 2 * (math.ceil(chips / side) - 1)
-
-
 def core_peak(hw: Hardware) -> float:
     """Dense BF16/FP16 FLOP/s of one (logical) core."""
     return hw.instance.chip.bf16_tflops * 1e12 / hw.cores_per_chip
@@ -163,7 +140,7 @@ def ttft_seconds(m: ModelSpec, hw: Hardware, tp: int, batch: int, prompt: int, w
     compute = (matmul / f.compute_efficiency + attention / f.attention_efficiency) / core_peak(hw)
     reads = weight_bytes(m, tp, weights) / (core_hbm_bandwidth(hw) * f.hbm_efficiency)
     comm = allreduce_seconds(hw, tp, batch * prompt * m.hidden * COMPUTE_BYTES, 2 * m.layers, f)
-    return max(compute, reads) + comm + f.context_overhead * (1 + ring_steps(hw, tp))
+    return max(compute, reads) + comm + f.context_overhead
 
 
 def tpot_seconds(m: ModelSpec, hw: Hardware, tp: int, batch: int, cache_len: int, weights: str = "bf16",
@@ -244,9 +221,26 @@ def padded(m: ModelSpec, tp: int) -> list[str]:
 SUPPORTED_TP = {"inf2": (1, 2, 4, 8, 12, 24), "trn1": (1, 2, 8, 32), "trn2": (1, 2, 4, 8, 16, 32, 64, 128)}
 
 
+def family_tp_degrees(hw: Hardware) -> tuple[str, tuple[int, ...]]:
+    """The instance family (trn1n is a Trn1) and the TP degrees the Neuron stacks run on it (:data:`SUPPORTED_TP`;
+    a family without a quoted list: every degree up to its NeuronCores)."""
+    family = hw.instance.name.split(".")[0].rstrip("n")
+    return family, SUPPORTED_TP.get(family, tuple(range(1, hw.cores_per_instance + 1)))
+
+
+def unsupported_tp(hw: Hardware, tp: int) -> str | None:
+    """Why an explicit TP degree is one AWS's inference stacks do not run on this family (None when they do)."""
+    family, degrees = family_tp_degrees(hw)
+    if tp in degrees:
+        return None
+    fitting = [d for d in degrees if d <= hw.cores_per_instance]
+    return (f"TP={tp} is not one of the supported TP degrees on {family.capitalize()} "
+            f"({', '.join(map(str, fitting))} on {hw.instance.name}; AWS's Transformers NeuronX / NxD Inference "
+            "docs); give one of those, or leave --tp out to search them")
+
+
 def supported_tp_degrees(m: ModelSpec, hw: Hardware) -> list[int]:
     """TP degrees a search considers: those the Neuron stacks support on this instance family (:data:`SUPPORTED_TP`)
     that fit its NeuronCores and the model's heads (heads TP does not divide are padded, as TNx/NxDI do)."""
-    family = hw.instance.name.split(".")[0].rstrip("n")  # trn1n is a Trn1
-    degrees = SUPPORTED_TP.get(family, tuple(range(1, hw.cores_per_instance + 1)))
+    degrees = family_tp_degrees(hw)[1]
     return [tp for tp in degrees if not tp_problems(m, hw, tp)]  # a group smaller than the cores leaves some idle

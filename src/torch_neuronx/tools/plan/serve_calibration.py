@@ -154,7 +154,7 @@ def calibration_table() -> str:
     lines = [f"Serving model vs AWS's published decoder benchmarks ({DATA.name}); factors fitted on Inf2 only: "
              f"matmul efficiency {serve.COMPUTE_EFFICIENCY}, attention efficiency {serve.ATTENTION_EFFICIENCY}, "
              f"HBM efficiency {serve.HBM_EFFICIENCY}, "
-             f"context-encoding overhead {serve.CONTEXT_OVERHEAD * 1e3:g} ms per ring step + 1, "
+             f"context-encoding overhead {serve.CONTEXT_OVERHEAD * 1e3:g} ms, "
              f"token-generation overhead {serve.STEP_OVERHEAD * 1e3:g} ms", head]
     for d in data:
         lines.append(f"{d['model']:<25} {d['instance']:<14} {d['tp']:>3} {d['batch']:>2} {d['input']:>5} "
