@@ -21,6 +21,7 @@ NXD_HEAD = ("from neuronx_distributed.parallel_layers import parallel_state\n"
             "from neuronx_distributed.parallel_layers.layers import ColumnParallelLinear, RowParallelLinear, "
             "ParallelEmbedding\n\n\nclass M:\n    def __init__(self):\n")
 NXD_TAIL = "\n\nparallel_state.initialize_model_parallel(2)\nm = M()\n"
+DEV = 'torch.device("neuron", int(os.environ.get("LOCAL_RANK", "0")))'  # what xm.xla_device() becomes
 XM = "import torch_xla.core.xla_model as xm\n"
 XMP = "import torch_xla.distributed.xla_multiprocessing as xmp\n"
 PL = "import torch_xla.distributed.parallel_loader as pl\n"
@@ -149,8 +150,8 @@ def test_each_initialize_model_parallel_parameter_is_mapped_or_flagged(param: Pa
 
 XLA_ROWS: dict[tuple[str, str], tuple[str, str, list[str]]] = {
     # (API, parameter): (snippet, text the output holds, flags)
-    ("xm.xla_device", "n"): (XM + "d = xm.xla_device(1)\n", 'd = torch.device("neuron")', []),
-    ("xm.xla_device", "devkind"): (XM + "d = xm.xla_device(devkind='TPU')\n", 'd = torch.device("neuron")', []),
+    ("xm.xla_device", "n"): (XM + "d = xm.xla_device(1)\n", 'd = ' + DEV, []),
+    ("xm.xla_device", "devkind"): (XM + "d = xm.xla_device(devkind='TPU')\n", 'd = ' + DEV, []),
     ("xm.mark_step", "wait, reset_scope"): (XM + "x = 1\nxm.mark_step(wait=True)\n", "x = 1\n", []),
     ("xm.wait_device_ops", "devices"): (XM + "xm.wait_device_ops(['xla:0'])\n", "torch.neuron.synchronize()", []),
     ("xm.add_step_closure", "closure, args"): (XM + "xm.add_step_closure(log, (a, b))\n", "log(a, b)", []),
@@ -162,6 +163,8 @@ XLA_ROWS: dict[tuple[str, str], tuple[str, str, list[str]]] = {
                                    'if int(os.environ.get("LOCAL_RANK", "0")) == 0:\n    print(\'x\', flush=True)',
                                    []),
     ("xm.master_print", "flush"): (XM + "xm.master_print('x', flush=False)\n", "print('x', flush=True)", []),
+    ("xm.master_print", "*args"): (XM + "xm.master_print('acc', xm.mesh_reduce('a', a, max))\n",
+                                   "\nneuron_master_print('acc', neuron_mesh_reduce('a', a, max))\n", []),
     ("xm.rendezvous", "tag"): (XM + "xm.rendezvous('init')\n", "neuron_rendezvous()", []),
     ("xm.rendezvous", "payload"): (XM + "xm.rendezvous('init', b'x')\n", "xm.rendezvous('init', b'x')",
                                    ["import-kept", "xla-rendezvous-payload"]),
@@ -172,8 +175,10 @@ XLA_ROWS: dict[tuple[str, str], tuple[str, str, list[str]]] = {
     ("xm.optimizer_step", "groups"): (XM + "xm.optimizer_step(opt, False, {}, [[0, 1]])\n",
                                       "neuron_average_gradients(opt)", ["xla-groups"]),
     ("xm.optimizer_step", "pin_layout"): (XM + "xm.optimizer_step(opt, pin_layout=False)\n", "opt.step()", []),
-    ("xm.reduce_gradients", "groups"): (XM + "xm.reduce_gradients(opt, [[0, 1]])\n", "neuron_average_gradients",
-                                        ["xla-groups"]),
+    ("xm.reduce_gradients", "groups"): (XM + "xm.reduce_gradients(opt, [[0, 1]])\n",
+                                        "xm.reduce_gradients(opt, [[0, 1]])", ["import-kept", "xla-groups"]),
+    ("xm.reduce_gradients", "pin_layout"): (XM + "xm.reduce_gradients(opt, None, False)\n",
+                                            "\nneuron_average_gradients(opt)\n", []),
     ("xm.all_reduce", "reduce_type"): (XM + "y = xm.all_reduce('max', x)\n",
                                        "y = neuron_all_reduce(torch.distributed.ReduceOp.MAX, x)", []),
     ("xm.all_reduce", "scale"): (XM + "y = xm.all_reduce(xm.REDUCE_SUM, x, 0.5)\n",
@@ -187,6 +192,8 @@ XLA_ROWS: dict[tuple[str, str], tuple[str, str, list[str]]] = {
     ("xm.save", "master_only, global_master"): (XM + "xm.save(sd, 'c.pt', global_master=True)\n",
                                                 "neuron_save(sd, 'c.pt', global_master=True)", []),
     ("xmp.spawn", "fn, args"): (XMP + "xmp.spawn(fn, args=(a,))\n", 'fn(int(os.environ.get("RANK", "0")), a)', []),
+    ("torch_xla.launch", "fn, args"): ("import torch_xla\ntorch_xla.launch(fn, args=(a,))\n",
+                                       'fn(int(os.environ.get("LOCAL_RANK", "0")), a)', []),
     ("xmp.spawn", "nprocs, join, daemon, start_method"): (XMP + "xmp.spawn(fn, nprocs=2, start_method='fork')\n",
                                                           'fn(int(os.environ.get("RANK", "0")))', []),
     ("pl.MpDeviceLoader", "**kwargs"): (PL + "l = pl.MpDeviceLoader(loader, dev, loader_prefetch_size=8)\n",
@@ -213,6 +220,9 @@ OTHER_ROWS: dict[tuple[str, str], tuple[str, str, list[str]]] = {
      "average_tokens_across_devices"): (NTA + "a = NeuronTrainingArguments(output_dir='o')\n",
                                         "per_device_train_batch_size=1, per_device_eval_batch_size=1, "
                                         "average_tokens_across_devices=False)", []),
+    ("NeuronTrainingArguments", "positional arguments after output_dir"): (
+        NTA + "a = NeuronTrainingArguments('o', True)\n", "a = NeuronTrainingArguments('o', True)",
+        ["import-kept", "optimum-positional"]),
 }
 
 

@@ -19,8 +19,9 @@ import torch
 from torch_neuronx.tools.cli import main as cli_main
 from torch_neuronx.tools.migrate.engine import migrate_source
 from torch_neuronx.tools.migrate.helpers import source as helper_source
-from torch_neuronx.tools.migrate.python import TODO, migrate_python
+from torch_neuronx.tools.migrate.python import CPU, TODO, migrate_python
 
+DEV = 'torch.device("neuron", int(os.environ.get("LOCAL_RANK", "0")))'  # what xm.xla_device() becomes
 XM = "import torch_xla.core.xla_model as xm\n"
 
 
@@ -64,7 +65,7 @@ def test_an_unparsable_cell_with_nothing_to_migrate_leaves_the_file_byte_identic
     # the twin: the same cell next to one that migrates: only that one changes, the broken cell is kept
     nb2 = _notebook(XM + "d = xm.xla_device()\n", "x = 1 + \\\n  2 \\\n%time y\n")
     c1, c2 = _cells(migrate_source(nb2, "notebook").result)
-    assert 'd = torch.device("neuron")' in c1 and c2 == "x = 1 + \\\n  2 \\\n%time y\n"
+    assert 'd = ' + DEV in c1 and c2 == "x = 1 + \\\n  2 \\\n%time y\n"
 
 
 # ------------------------------------------------------------------ 8-10
@@ -184,7 +185,7 @@ def test_a_fifo_is_skipped_and_reported(tmp_path: Path, capsys: pytest.CaptureFi
     code = cli_main(["migrate", str(folder), "--out", str(tmp_path / "out")])
     out = capsys.readouterr()
     assert code == 2 and "pipe.py" in out.out + out.err and "not a regular file" in out.out + out.err
-    assert 'torch.device("neuron")' in (tmp_path / "out" / "ok.py").read_text()
+    assert 'torch.device("neuron", int(os.environ.get("LOCAL_RANK", "0")))' in (tmp_path / "out" / "ok.py").read_text()
     assert cli_main(["migrate", str(folder / "pipe.py")]) == 2  # given directly: the same, no hang
 
 
@@ -486,7 +487,7 @@ def test_a_migrated_notebook_keeps_its_json_layout(indent: int | None, ascii_onl
     nb = json.loads(_notebook("import torch\nprint('é')\n", XM + "d = xm.xla_device()\n"))
     text = json.dumps(nb, indent=indent, ensure_ascii=ascii_only) + end
     res = migrate_source(text, "notebook").result
-    assert res != text and _cells(res)[1] == 'd = torch.device("neuron")\n'
+    assert res != text and _cells(res)[1] == 'import os\nd = ' + DEV + '\n'
     assert res == json.dumps(json.loads(res), indent=indent, ensure_ascii=ascii_only) + end
     changed = [ln for ln in difflib.unified_diff(text.splitlines(), res.splitlines(), n=0, lineterm="")
                if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
@@ -540,7 +541,8 @@ def test_a_mixed_import_whose_family_name_is_removed_is_not_flagged_as_kept() ->
     """aws-neuron-samples' bert-jp-tutorial.ipynb: `import torch, torch_xla.core.xla_model as xm`. xm is migrated
     away, so `import torch` is what is left: no "Import kept" TODO on it (that flag vanished on a second pass)."""
     res = migrate_python("import torch, torch_xla.core.xla_model as xm\ndevice = xm.xla_device()\n")
-    assert res.code == 'import torch\ndevice = torch.device("neuron")\n' and not res.flags
+    assert res.code == ('import torch\nimport os\ndevice = torch.device("neuron", int(os.environ.get("LOCAL_RANK", '
+                        '"0")))\n') and not res.flags
     kept = migrate_python("import torch, torch_xla.debug.metrics as met\nprint(met.metrics_report())\n")
     assert "import torch, torch_xla.debug.metrics as met" in kept.code  # the twin: still used, kept and flagged
     assert {f.rule for f in kept.flags} == {"import-kept", "xla-metrics"}
@@ -557,3 +559,190 @@ def test_a_shell_line_commented_out_in_a_python_block_keeps_the_cell_valid(magic
     assert "# " + magic[1:] in cell and f"\n    {magic}" not in cell
     pyast.parse(cell)
     assert migrate_source(first.result, "notebook").result == first.result
+
+
+
+# ------------------------------------------------------------------ the rv32 review (its 14 defects, by severity)
+# Each migrated snippet runs in this process where running proves the meaning (one process, no group: the
+# helpers' collectives are the one-process identities XLA had too). torch_xla's semantics: pytorch/xla
+# torch_xla/core/xla_model.py (add_step_closure, mark_step's _run_step_closures, master_print, reduce_gradients),
+# torch_xla/torch_xla.py (launch).
+
+
+def _run(code: str, env: dict[str, str], monkeypatch: pytest.MonkeyPatch, **names: object) -> dict:
+    """exec migrated code with torchrun's variables `env` (and no others) and `names` predefined."""
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    scope: dict = dict(names)
+    exec(compile(code, "<migrated>", "exec"), scope)  # the tool's own output, built from a literal
+    return scope
+
+
+def test_d1_a_step_closure_lambda_or_conditional_callee_is_called(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`xm.add_step_closure(lambda: ...)` became `lambda: seen.append(1)()`: a lambda built and dropped."""
+    code = (XM + "seen = []\nxm.add_step_closure(lambda: seen.append(1))\n"
+            "xm.add_step_closure(lambda v: seen.append(v), args=(2,))\n"
+            "xm.add_step_closure(seen.append if m else seen.remove, args=(3,))\n")
+    out = migrate_python(code).code
+    assert "(lambda: seen.append(1))()" in out and "(seen.append if m else seen.remove)(3)" in out
+    assert _run(out, {}, monkeypatch, m=True)["seen"] == [1, 2, 3]  # torch_xla calls `closure(*args)`
+    with pytest.raises(ValueError):  # the twin: the other callee is the one called, `seen.remove(3)`
+        _run(out, {}, monkeypatch, m=False)
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_d2_launch_passes_the_local_rank_first(rank: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch_xla.launch(fn, args) under torchrun calls fn(LOCAL_RANK, *args); the rewrite dropped the index."""
+    code = ("import torch_xla\ngot = []\ndef fn(index, lr):\n    got.append((index, lr))\n"
+            "torch_xla.launch(fn, args=(0.5,))\n")
+    out = migrate_python(code).code
+    assert 'fn(int(os.environ.get("LOCAL_RANK", "0")), 0.5)' in out
+    assert _run(out, {"LOCAL_RANK": rank, "RANK": rank}, monkeypatch)["got"] == [(int(rank), 0.5)]
+    spawned = migrate_python(code.replace("import torch_xla\n", "import torch_xla.distributed.xla_multiprocessing"
+                                          " as xmp\n").replace("torch_xla.launch", "xmp.spawn")).code
+    assert 'fn(int(os.environ.get("RANK", "0")), 0.5)' in spawned  # the twin: xmp.spawn passes the global ordinal
+
+
+@pytest.mark.parametrize("local_rank", [0, 1])
+def test_d3_a_generated_comparison_is_parenthesised(local_rank: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`xm.is_master_ordinal() == False` became `int(...) == 0 == False`, a chained comparison (always False)."""
+    code = (XM + "a = xm.is_master_ordinal() == False\nb = xm.is_master_ordinal() is True\n"
+            "c = not xm.is_master_ordinal()\nd = xm.is_master_ordinal()\n")
+    out = migrate_python(code).code
+    assert 'a = (int(os.environ.get("LOCAL_RANK", "0")) == 0) == False' in out
+    assert 'd = int(os.environ.get("LOCAL_RANK", "0")) == 0\n' in out  # the twin: a whole value needs none
+    master = local_rank == 0
+    got = _run(out, {"LOCAL_RANK": str(local_rank)}, monkeypatch)
+    assert (got["a"], got["b"], got["c"], got["d"]) == (not master, master is True, not master, master)
+
+
+def test_d4_master_print_evaluates_its_arguments_on_every_rank(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`xm.master_print(..., xm.mesh_reduce(...))` became `if RANK == 0: print(..., neuron_mesh_reduce(...))`: the
+    other ranks never entered the collective (hang). XLA's master_print is a function: its arguments run anywhere."""
+    code = XM + "calls = []\nxm.master_print('acc', xm.mesh_reduce('acc', 2.0, lambda xs: calls.append(xs) or 7))\n"
+    out = migrate_python(code).code
+    assert "\nneuron_master_print('acc', neuron_mesh_reduce('acc', 2.0," in out
+    assert _run(out, {"RANK": "1"}, monkeypatch)["calls"] == [[2.0]] and capsys.readouterr().out == ""
+    assert _run(out, {"RANK": "0"}, monkeypatch)["calls"] == [[2.0]] and capsys.readouterr().out == "acc 7\n"
+    plain = migrate_python(XM + "xm.master_print('loss', x)\n").code  # the twin: nothing to call, a plain `if`
+    assert 'if int(os.environ.get("RANK", "0")) == 0:\n    print(\'loss\', x, flush=True)' in plain
+
+
+def test_d5_the_device_is_indexed_so_a_moved_tensor_compares_equal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch_xla's xla_device() is `xla:0`; an unindexed `neuron` device never equals a tensor's `neuron:0`."""
+    out = migrate_python(XM + "import torch\ndevice = xm.xla_device()\nx = torch.ones(2).to(device)\n"
+                              "same = x.device == device\n").code
+    got = _run(out, {"LOCAL_RANK": "0"}, monkeypatch)
+    assert got["same"] is True and str(got["device"]) == "neuron:0"
+    cpu = migrate_python(XM + "device = xm.xla_device()\n", target=CPU).code
+    assert 'device = torch.device("cpu")\n' in cpu  # the CPU twin: CPU tensors carry no index
+
+
+def test_d6_a_step_closure_runs_where_the_next_mark_step_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """XLA runs step closures after mark_step's graph: one added before `opt.step()` sees the updated weight
+    (it ran at once: 4.0 instead of 0.0)."""
+    code = (XM + "import torch\nseen = []\nw = torch.nn.Parameter(torch.ones(4))\n"
+            "opt = torch.optim.SGD([w], lr=0.5)\n(w * 2).sum().backward()\n"
+            "xm.add_step_closure(lambda p: seen.append(float(p.detach().sum())), args=(w,))\nopt.step()\n"
+            "# cut the graph\nxm.mark_step()\nxm.add_step_closure(lambda: seen.append('after'))\n")
+    out = migrate_python(code, target=CPU).code
+    assert out.index("opt.step()") < out.index("(lambda p: seen.append")  # moved to the mark_step
+    assert _run(out, {}, monkeypatch)["seen"] == [0.0, "after"]  # the twin: after the last mark_step, in place
+    assert migrate_python(out, target=CPU).code == out
+    elsewhere = migrate_python(XM + "def train_step():\n    xm.add_step_closure(log, args=(w,))\n    opt.step()\n"
+                                    "train_step()\nxm.mark_step()\n")  # its mark_step is in the caller: flagged
+    assert [f.rule for f in elsewhere.flags] == ["xla-step-closure"] and "    log(w)\n    opt.step()" in elsewhere.code
+
+
+def test_d7_optimizer_step_evaluates_its_optimizer_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    code = (XM + "import torch\nmade = []\nw = torch.nn.Parameter(torch.ones(2))\nw.grad = torch.ones(2)\n"
+            "def make():\n    made.append(1)\n    return torch.optim.SGD([w], lr=0.5)\nxm.optimizer_step(make())\n"
+            "opt = make()\nxm.optimizer_step(opt)\n")
+    out = migrate_python(code, target=CPU).code
+    assert "_neuron_optimizer = make()\n" in out and "neuron_average_gradients(opt)\nopt.step()" in out
+    got = _run(out, {}, monkeypatch)
+    assert got["made"] == [1, 1] and got["w"].tolist() == [0.0, 0.0]  # two steps of lr 0.5 on a gradient of 1
+
+
+@pytest.mark.parametrize("call", ["xm.reduce_gradients(opt, None, False)", "xm.reduce_gradients(opt, pin_layout=False)",
+                                  "xm.reduce_gradients(opt, groups=[])"])
+def test_d8_reduce_gradients_drops_pin_layout_and_empty_groups(call: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    code = XM + f"import torch\nw = torch.nn.Parameter(torch.ones(2))\nw.grad = torch.ones(2)\nopt = 0\n{call}\n"
+    res = migrate_python(code, target=CPU)
+    assert "\nneuron_average_gradients(opt)\n" in res.code and not res.flags
+    _run(res.code, {}, monkeypatch)  # neuron_average_gradients takes the optimizer only: no TypeError
+    groups = migrate_python(XM + "xm.reduce_gradients(opt, groups=[[0, 1]])\n")  # the twin: real groups, flagged
+    assert "xla-groups" in {f.rule for f in groups.flags} and "neuron_average_gradients" not in groups.code
+
+
+def test_d9_positional_training_arguments_are_flagged_not_rewritten() -> None:
+    """`NeuronTrainingArguments(dir, True)`: True was Optimum's overwrite_output_dir; Transformers' TrainingArguments
+    has another field there, and the added keywords collided (TypeError)."""
+    code = "from optimum.neuron import NeuronTrainingArguments\na = NeuronTrainingArguments('o', True)\n"
+    res = migrate_python(code)
+    assert "a = NeuronTrainingArguments('o', True)" in res.code and "TrainingArguments(" not in res.code.replace(
+        "NeuronTrainingArguments(", "")
+    assert {f.rule for f in res.flags} == {"optimum-positional", "import-kept"}
+    kw = migrate_python(code.replace("('o', True)", "('o', overwrite_output_dir=True)")).code  # the twin
+    assert "TrainingArguments('o', overwrite_output_dir=True, per_device_train_batch_size=1" in kw
+
+
+def test_d10_a_local_xm_shadows_the_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    code = (XM + "class Recorder:\n    def __init__(self):\n        self.saved = []\n"
+            "    def save(self, obj, path):\n        self.saved.append(path)\n    def get_ordinal(self):\n"
+            "        return 42\n\ndef checkpoint(xm, obj):\n    xm.save(obj, 'p')\n    return xm.get_ordinal()\n\n"
+            "def local(obj):\n    xm = Recorder()\n    xm.save(obj, 'q')\n    return xm.saved\n\n"
+            "def real(obj):\n    xm.save(obj, '/nonexistent/x.pt', master_only=False)\n")
+    res = migrate_python(code)
+    assert "    xm.save(obj, 'p')\n    return xm.get_ordinal()\n" in res.code and "    xm.save(obj, 'q')" in res.code
+    assert "    neuron_save(obj, '/nonexistent/x.pt', master_only=False)" in res.code  # the twin: the import's xm
+    assert not res.flags  # no TODO on the functions' own xm, and the import goes
+    got = _run(res.code, {}, monkeypatch)
+    assert got["checkpoint"](got["Recorder"](), {}) == 42 and got["local"]({}) == ["q"]
+
+
+def test_d11_a_crlf_notebook_keeps_its_line_endings() -> None:
+    nb = _notebook("import torch\nprint(1)\n", XM + "d = xm.xla_device()\n").replace("\n", "\r\n")
+    res = migrate_source(nb, "notebook").result
+    assert res.count("\r\n") == res.count("\n") and res != nb
+    changed = [ln for ln in difflib.unified_diff(nb.splitlines(), res.splitlines(), n=0, lineterm="")
+               if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
+    assert len(changed) <= 4, changed  # the xm cell's two source lines, nothing else
+    assert migrate_source(_notebook("print(1)\n"), "notebook").result.count("\r") == 0  # the twin: LF stays LF
+
+
+def test_d12_a_star_import_is_flagged_at_its_line_with_its_reason() -> None:
+    res = migrate_python("import torch\nfrom torch_xla.core.xla_model import *\nd = xla_device()\n")
+    star = next(f for f in res.flags if f.rule == "star-import")
+    assert star.line == 2 and "hides which names are used" in res.code.split("\nfrom torch_xla")[0]
+    assert migrate_python(res.code).code == res.code
+
+
+def test_d13_a_nested_layer_built_after_the_mesh_is_not_flagged() -> None:
+    code = ("import torch\nfrom neuronx_distributed.parallel_layers import parallel_state\n"
+            "from neuronx_distributed.parallel_layers.layers import ColumnParallelLinear, RowParallelLinear\n"
+            "class MLP(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.up = ColumnParallelLinear(8, 16, True, False)\n"
+            "        self.down = RowParallelLinear(16, 8, True, True)\n"
+            "class Model(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.mlp = MLP()\n"
+            "def main():\n    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)\n"
+            "    model = Model()\n")
+    assert "nxd-mesh" not in rules(code)
+    no_mesh = code.replace("    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)\n", "")
+    assert "nxd-mesh" in rules(no_mesh)  # the twin: no mesh anywhere
+
+
+def test_d14_move_model_to_device_is_model_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    """neuronx-distributed utils/model_utils.py: move_model_to_device(model, device) is model.to(device) (in
+    context managers that keep NxD's parameter attributes)."""
+    code = ("import torch\nfrom neuronx_distributed.utils.model_utils import move_model_to_device\n"
+            "model = torch.nn.Linear(2, 2).double()\nmove_model_to_device(model, torch.float32)\n")
+    res = migrate_python(code)
+    assert "\nmodel.to(torch.float32)\n" in res.code and not res.flags
+    assert _run(res.code, {}, monkeypatch)["model"].weight.dtype == torch.float32
+    value = migrate_python(code.replace("\nmove_model_to_device(", "\nm = move_model_to_device("))
+    assert value.flags  # the twin: used as a value (NxD returns None), flagged

@@ -131,3 +131,10 @@ XLA_TEST = FlagRule(
     "xla-test", "A test for XLA (`x.device.type == 'xla'`, `'torch_xla' in sys.modules`) is now always false: the "
     "XLA branch it guards is dead code, and what it skipped now runs.",
     "test for the neuron device (x.device.type == 'neuron') or drop the branch, then migrate again.")
+
+
+# torch_xla/core/xla_model.py: add_step_closure queues the closure; mark_step runs the queue after the step's graph
+STEP_CLOSURE = FlagRule(
+    "xla-step-closure", "XLA ran this step closure at the next mark_step, after the optimizer step below it; it now "
+    "runs here, before that step, and sees the values from before it.",
+    "call it after the optimizer step (where the step's mark_step was).")

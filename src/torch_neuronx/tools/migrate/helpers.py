@@ -12,6 +12,7 @@ keeps one torch_xla semantic that has no one-line native form:
 - ``xm.rendezvous(tag)`` waits for every process and returns one ``b""`` per process;
 - ``xm.all_reduce`` returns a new tensor for a tensor (in place for a list) and applies ``scale``;
 - ``xm.mesh_reduce`` gathers a Python value from every process and reduces it;
+- ``xm.master_print`` whose arguments call something evaluates them on every rank, then prints on the master;
 - NxD's ``parallel_state`` holds the tensor/data parallel mesh.
 
 Names start with ``neuron_`` so that a second migration finds them (and adds nothing) and user names are safe.
@@ -185,6 +186,17 @@ class NeuronSkipBiasLinear(torch.nn.Module):
         return self.linear(x), self.bias
 '''
 
+# torch_xla/core/xla_model.py master_print(*args, fd=sys.stdout, local=False, flush=False) is an ordinary function:
+# the arguments are evaluated on every rank (a collective among them is entered by all), then it prints on the
+# master only.
+_MASTER_PRINT = '''
+def neuron_master_print(*args, local=False, file=None):
+    """Print on the (local) master only; the arguments were evaluated on every rank, as XLA's master_print
+    (torch-neuronx migrate)."""
+    if int(os.environ.get("LOCAL_RANK" if local else "RANK", "0")) == 0:
+        print(*args, file=file, flush=True)
+'''
+
 HELPERS: dict[str, Helper] = {
     h.name: h
     for h in (
@@ -199,6 +211,7 @@ HELPERS: dict[str, Helper] = {
         Helper("neuron_init_mesh", _MESH, ("torch",)),
         Helper("neuron_init_weight", _INIT_WEIGHT, ("torch",)),
         Helper("NeuronSkipBiasLinear", _SKIP_BIAS, ("torch",)),
+        Helper("neuron_master_print", _MASTER_PRINT, ("os",)),
     )
 }
 

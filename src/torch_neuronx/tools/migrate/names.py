@@ -1,9 +1,10 @@
 """What each imported name means, and where the migrated families are referenced.
 
 ``import torch_xla.core.xla_model as xm`` binds ``xm`` to ``torch_xla.core.xla_model``; ``xm.optimizer_step``
-then resolves to ``torch_xla.core.xla_model.optimizer_step`` whatever the alias. Scopes are not modelled: an
-import anywhere in the file binds its name for the whole file (training scripts rarely shadow these names), and
-names bound in one notebook cell are seen in the next.
+then resolves to ``torch_xla.core.xla_model.optimizer_step`` whatever the alias. An import binds its name for the
+whole file, except inside a function (or lambda) that binds the same name itself (a parameter ``xm``, a local
+``xm = Recorder()``): there the name is the local one and is left alone. Names bound in one notebook cell are seen
+in the next.
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ class RefTracking:
         self._stmts: list[cst.CSTNode] = []
         self.import_lines: dict[str, int] = {}  # an import's code -> its line
         self._not_refs: set[int] = set()  # names that are not references: attributes' names, keywords
+        self._shadowed: list[set[str]] = []  # per enclosing function: imported names it binds locally
 
     def _line_of(self, node: cst.CSTNode) -> int:
         return self.get_metadata(PositionProvider, node).start.line  # type: ignore[attr-defined]
@@ -146,7 +148,12 @@ class RefTracking:
             self._not_refs.add(id(node.keyword))
         elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             self._not_refs.add(id(node.name))
+        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
+            self._shadowed.append(local_names(node) & set(self.aliases.names))
         if isinstance(node, (cst.Name, cst.Attribute)) and id(node) not in self._not_refs:
+            root = _root_name(node)
+            if root is not None and any(root in names for names in self._shadowed):  # a local `xm`: not the import
+                return False if isinstance(node, cst.Name) else None
             qn = self.aliases.qualname(node)
             if in_family(qn) and self._stmts:
                 assert qn is not None
@@ -161,6 +168,91 @@ class RefTracking:
     def track_leave(self, node: cst.CSTNode) -> None:
         if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             self._stmts.pop()
+        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
+            self._shadowed.pop()
+
+
+def _root_name(node: cst.BaseExpression) -> str | None:
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return node.value if isinstance(node, cst.Name) else None
+
+
+def _target_names(node: cst.CSTNode) -> set[str]:
+    """The names an assignment target binds (`a`, `a, (b, *c)`); attributes and subscripts bind none."""
+    if isinstance(node, cst.Name):
+        return {node.value}
+    if isinstance(node, (cst.Tuple, cst.List)):
+        return {n for e in node.elements for n in _target_names(e.value)}
+    if isinstance(node, cst.StarredElement):
+        return _target_names(node.value)
+    return set()
+
+
+class _LocalBinder(cst.CSTVisitor):
+    """Names a function binds in its own scope (Python's rule: a name assigned anywhere in a function is local
+    to all of it): parameters, assignment / for / with / except / walrus / comprehension targets, nested defs.
+    Imports are left out: a local import of a family binds the family name (the aliases hold it)."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.declared_global: set[str] = set()
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self.names.add(node.name.value)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self.names |= _target_names(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self.names |= _target_names(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self.names |= _target_names(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self.names |= _target_names(node.target)
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self.names |= _target_names(node.target)
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        self.names |= _target_names(node.name)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self.names |= _target_names(node.target)
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return False
+
+    def visit_Global(self, node: cst.Global) -> None:
+        self.declared_global |= {n.name.value for n in node.names}
+
+    def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
+        self.declared_global |= {n.name.value for n in node.names}
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self.names.add(node.name.value)
+        return False  # its own scope
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self.names.add(node.name.value)
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+
+def local_names(node: cst.FunctionDef | cst.Lambda) -> set[str]:
+    """The names `node` binds locally, which shadow the module's imports of the same names inside it."""
+    binder = _LocalBinder()
+    node.params.visit(binder)
+    if isinstance(node, cst.FunctionDef):
+        node.body.visit(binder)
+    return binder.names - binder.declared_global
 
 
 class RefIndex(RefTracking, cst.CSTVisitor):

@@ -183,13 +183,16 @@ def _dump_like(nb: dict[str, Any], original: str) -> str:
     """`nb` as JSON in the layout of the file it was read from (indent, ASCII escapes, final newline), so that a
     migrated notebook differs from its input only in the cells that changed. aws-neuron-samples' notebooks use
     indent 4, some with escaped non-ASCII text and no final newline; nbformat itself writes indent 1, unescaped."""
-    first = original.lstrip("\ufeff").split("\n", 2)
+    first = original.lstrip("\ufeff").replace("\r\n", "\n").split("\n", 2)
     indent_text = first[1][: len(first[1]) - len(first[1].lstrip())] if len(first) > 1 else ""
     indent: int | str = len(indent_text) if indent_text.strip(" ") == "" else indent_text
     ascii_only = original.isascii()  # escaped non-ASCII text, or none: escaping keeps it so
     end = "\n" if original.endswith("\n") else ""
     compact = "\n" not in original.strip()  # written on one line
-    return json.dumps(nb, indent=None if compact else (indent or 1), ensure_ascii=ascii_only) + end
+    text = json.dumps(nb, indent=None if compact else (indent or 1), ensure_ascii=ascii_only) + end
+    # line endings: a CRLF notebook (written on Windows) stays CRLF; JSON escapes the newlines inside strings,
+    # so every newline of `text` is a layout one
+    return text.replace("\n", "\r\n") if "\r\n" in original else text
 
 
 def _mentions_family(src: str, aliases: Aliases) -> bool:

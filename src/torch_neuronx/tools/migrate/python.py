@@ -47,6 +47,7 @@ from torch_neuronx.tools.migrate.registry import (  # noqa: F401  (re-exported: 
     bind,
     is_literal,
     is_xla_string,
+    parenthesised,
     split_args,
     string_matches,
     strip_arg,
@@ -132,7 +133,12 @@ class Migrator(RefTracking, cst.CSTTransformer):
         self.leftovers: list[Ref] = []
         self._bare_calls: set[int] = set()  # calls that are a whole expression statement
         self._targets: set[int] = set()  # what assignments store to (`self.trn_config = ...`): never rewritten
-        self._call_funcs: set[int] = set()  # the `func` of every call (a renamed class called, not used as a value)
+        self._call_funcs: dict[int, cst.Call] = {}  # the `func` of every call -> the call (a class called)
+        self._parents: list[cst.CSTNode] = []  # the original nodes from the module down to the one being visited
+        # rewritten `xm.add_step_closure(...)` lines and removed `xm.mark_step()` lines, by id; the nodes are held
+        # so that no other node can get their id
+        self._closure_lines: dict[int, tuple[cst.CSTNode, int]] = {}
+        self._step_markers: dict[int, cst.CSTNode] = {}
 
     def visit_FormattedString(self, node: cst.FormattedString) -> bool:
         self._fstring_quotes.append(node.end)
@@ -172,6 +178,7 @@ class Migrator(RefTracking, cst.CSTTransformer):
 
     # statements: open a flag list; on leave, flag leftovers and add TODOs
     def on_visit(self, node: cst.CSTNode) -> bool:
+        self._parents.append(node)
         if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             self._stmt_flags.append([])
             self.ctx.line = self._line(node)
@@ -190,7 +197,16 @@ class Migrator(RefTracking, cst.CSTTransformer):
         if isinstance(original_node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             result = self._finish_statement(original_node, result)
         self.track_leave(original_node)
+        self._parents.pop()
         return result
+
+    def _in_place(self, original: cst.CSTNode, new: Any) -> Any:
+        """`new` in parentheses where it replaces an operand, a callee or an attribute's value and binds less
+        tightly (`xm.is_master_ordinal() == False` -> `(... == 0) == False`, not a chained comparison)."""
+        parent = self._parents[-2] if len(self._parents) > 1 and self._parents[-1] is original else None
+        if isinstance(parent, _TIGHT_PARENTS) and isinstance(new, cst.BaseExpression):
+            return parenthesised(new)
+        return new
 
     def _finish_statement(self, original: cst.CSTNode, result: Any) -> Any:
         flags = self._stmt_flags.pop()
@@ -244,7 +260,7 @@ class Migrator(RefTracking, cst.CSTTransformer):
     _original_stmt_call: cst.Call | None = None
 
     def visit_Call(self, node: cst.Call) -> bool:
-        self._call_funcs.add(id(node.func))
+        self._call_funcs[id(node.func)] = node
         return True
 
     def visit_Expr(self, node: cst.Expr) -> bool:
@@ -280,7 +296,10 @@ class Migrator(RefTracking, cst.CSTTransformer):
                 self._record(self.refs[id(small.value.func)].qualname.rsplit(".", 1)[-1],  # type: ignore
                              original_node, out)
                 if not out:
-                    return _removed_marker(original_node)
+                    marker = _removed_marker(original_node)
+                    if self.refs[id(small.value.func)].qualname in _STEP_MARKERS:  # type: ignore[attr-defined]
+                        self._step_markers[id(marker)] = marker
+                    return marker
                 first = out[0].with_changes(leading_lines=original_node.leading_lines)  # type: ignore[attr-defined]
                 if isinstance(first, cst.SimpleStatementLine) and len(out) == 1 and not extra:
                     first = first.with_changes(trailing_whitespace=updated_node.trailing_whitespace)
@@ -288,7 +307,47 @@ class Migrator(RefTracking, cst.CSTTransformer):
         if extra:
             self._record("plan", original_node, extra)
             return cst.FlattenSentinel([updated_node, *extra])
+        if (len(original_node.body) == 1 and isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+                and id(small.value.func) in self.consumed
+                and self.refs[id(small.value.func)].qualname == _STEP_CLOSURE):
+            self._closure_lines[id(updated_node)] = (updated_node, self._line(original_node))
         return updated_node
+
+    def _defer_closures(self, body: Sequence[Stmt]) -> list[Stmt] | None:
+        """torch_xla runs a step closure after the graph of the next mark_step (xla_model.py: mark_step calls
+        `_run_step_closures()`): a closure added before a mark_step of the same block moves to where that
+        mark_step was; one with no later mark_step in its block runs where it was added."""
+        markers = [i for i, s in enumerate(body) if self._step_markers.get(id(s)) is s]
+        moved: dict[int, list[Stmt]] = {}
+        keep: list[Stmt] = []
+        flagged = False
+        for i, stmt in enumerate(body):
+            later = next((m for m in markers if m > i), None)
+            closure, line = self._closure_lines.get(id(stmt), (None, 0))
+            if closure is stmt and later is None and any(".step(" in self.ctx.code(s) for s in body[i + 1:]):
+                # its mark_step is elsewhere and an optimizer steps after it: XLA's closure saw the updated values
+                rule = flagmod.STEP_CLOSURE
+                self.ctx.flags.append(Flag(line=line, rule=rule.rule, reason=rule.reason, suggestion=rule.suggestion,
+                                           code=self.ctx.code(stmt).strip(), cell=self.ctx.cell))
+                keep.append(_with_todos(stmt, [flagmod.STEP_CLOSURE]))
+                flagged = True
+                continue
+            if closure is stmt and later is not None:
+                moved.setdefault(later, []).append(stmt.with_changes(leading_lines=[]))  # type: ignore[attr-defined]
+                if stmt.leading_lines:  # type: ignore[attr-defined]  # its comments stay where they were
+                    keep.append(_removed_marker(stmt))  # type: ignore[arg-type]
+                continue
+            keep.append(stmt)
+            keep += moved.get(i, [])
+        return keep if moved or flagged else None
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> Any:
+        body = self._defer_closures(updated_node.body)
+        return updated_node if body is None else updated_node.with_changes(body=body)
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        body = self._defer_closures(updated_node.body)
+        return updated_node if body is None else updated_node.with_changes(body=body)
 
     def leave_SimpleStatementSuite(self, original_node: cst.SimpleStatementSuite,
                                    updated_node: cst.SimpleStatementSuite) -> Any:
@@ -347,7 +406,7 @@ class Migrator(RefTracking, cst.CSTTransformer):
         self.consumed.add(id(original_node.func))
         new = self._fit(new)
         self._record(ref.qualname.rsplit(".", 1)[-1], original_node, new)
-        return new
+        return self._in_place(original_node, new)
 
     def _refs_within(self, node: cst.CSTNode) -> list[int]:
         found: list[int] = []
@@ -370,8 +429,12 @@ class Migrator(RefTracking, cst.CSTTransformer):
         if make is None:
             return updated
         self.ctx.state["renaming_a_call"] = id(original) in self._call_funcs  # `Cls(...)`, not `Cls` as a value
-        new = self._fit(make(self.ctx))
+        self.ctx.state["renamed_call"] = self._call_funcs.get(id(original))
+        made = make(self.ctx)
         self._collect_flags(self._line(original))
+        if made is None:  # the rule declined (its call is flagged): the name stays, with its import
+            return updated
+        new = self._fit(made)
         self.consumed.add(id(original))
         self._record(ref.qualname.rsplit(".", 1)[-1], original, new)
         return new.with_changes(lpar=updated.lpar, rpar=updated.rpar) if hasattr(updated, "lpar") else new
@@ -450,6 +513,14 @@ class Migrator(RefTracking, cst.CSTTransformer):
             self._record("xla-device-string", original_node, new)
             return new
         return updated_node
+
+
+_STEP_CLOSURE = "torch_xla.core.xla_model.add_step_closure"
+_STEP_MARKERS = ("torch_xla.core.xla_model.mark_step", "torch_xla.sync")
+
+# where a generated expression that binds less tightly than a call needs parentheses
+_TIGHT_PARENTS = (cst.Comparison, cst.ComparisonTarget, cst.BinaryOperation, cst.UnaryOperation, cst.BooleanOperation,
+                  cst.Attribute, cst.Call, cst.Subscript, cst.Await, cst.IfExp)
 
 
 class _Requote(cst.CSTTransformer):
@@ -547,6 +618,11 @@ class Cleanup(cst.CSTTransformer):
             return _removed_marker(updated_node)
         new = updated_node.with_changes(body=[s.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
                                               if i == len(body) - 1 else s for i, s in enumerate(body)])
+        stars = [_star_rule(module_name(b.module)) for b in body  # type: ignore[arg-type]
+                 if isinstance(b, cst.ImportFrom) and isinstance(b.names, cst.ImportStar) and b.module is not None
+                 and not b.relative and in_family(module_name(b.module))]
+        if stars:  # its reason, at its line (the flag itself is raised by migrate_module)
+            new = _with_todos(new, stars)  # type: ignore[assignment]
         if kept_family:
             rule = flagmod.FlagRule("import-kept", "Import kept: the flagged code of this file still uses it.",
                                     "remove it once the flagged lines are migrated.")
@@ -586,6 +662,11 @@ class Cleanup(cst.CSTTransformer):
             return updated_node
         body, footer = self._squash(updated_node.body, updated_node.footer)
         return updated_node.with_changes(body=body, footer=footer)
+
+
+def _star_rule(mod: str) -> flagmod.FlagRule:
+    return flagmod.FlagRule("star-import", f"`from {mod} import *` hides which names are used.",
+                            "import the names explicitly, then migrate again.")
 
 
 def _defined_names(module: cst.Module) -> set[str]:
@@ -721,9 +802,9 @@ def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON
         ctx.rewrites.append(Rewrite(line=line, rule="import", before=text, after="", cell=cell))
     for mod in aliases.star_imports:
         if in_family(mod):
-            rule = flagmod.FlagRule("star-import", f"`from {mod} import *` hides which names are used.",
-                                    "import the names explicitly, then migrate again.")
-            ctx.flags.append(Flag(line=0, rule=rule.rule, reason=rule.reason, suggestion=rule.suggestion,
+            rule = _star_rule(mod)
+            line = migrator.import_lines.get(f"from {mod} import *", 0)
+            ctx.flags.append(Flag(line=line, rule=rule.rule, reason=rule.reason, suggestion=rule.suggestion,
                                   code=f"from {mod} import *", cell=cell))
     if with_helpers and ctx.helpers:
         new = insert_helpers(new, helpermod.closure(ctx.helpers), target)

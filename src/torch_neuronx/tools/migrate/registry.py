@@ -55,7 +55,7 @@ class Rules:
 
     calls: dict[str, ExprRule] = field(default_factory=dict)
     statements: dict[str, StmtRule] = field(default_factory=dict)
-    renames: dict[str, Callable[[Ctx], Expr]] = field(default_factory=dict)
+    renames: dict[str, Callable[[Ctx], Expr | None]] = field(default_factory=dict)  # None: declined, name stays
     # hooks on every call (family or not): (ctx, original, updated) -> replacement or None
     call_hooks: list[Callable[[Ctx, cst.Call, cst.Call], Expr | None]] = field(default_factory=list)
     # hooks run on each statement line after the calls in it were rewritten: -> statements to add after it
@@ -229,3 +229,17 @@ def string_matches(node: cst.CSTNode, pattern: str) -> bool:
 def is_xla_string(node: cst.CSTNode) -> bool:
     """A literal naming an XLA device: "xla", "xla:0"."""
     return string_matches(node, r"xla(:\d+)?")
+
+
+# Expressions that bind at least as tightly as a call's callee, an attribute's value or an operand: they never
+# need parentheses where they replace a sub-expression.
+_ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.SimpleString, cst.ConcatenatedString,
+          cst.FormattedString, cst.Integer, cst.Float, cst.Imaginary, cst.List, cst.Dict, cst.Set,
+          cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.Ellipsis)
+
+
+def parenthesised(node: Expr) -> Expr:
+    """`node` in parentheses unless it is an atom or already has them (`lambda: x` -> `(lambda: x)`)."""
+    if isinstance(node, _ATOMS) or getattr(node, "lpar", None):
+        return node
+    return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])

@@ -406,7 +406,11 @@ def _apply_plan(ctx: Ctx, original: cst.SimpleStatementLine, updated: cst.Simple
     for s in styles:
         ctx.need("torch.distributed.tensor.parallel", s)
     ctx.helper("neuron_init_mesh")
-    if not ctx.state.get("mesh"):
+    # at module level or in a function the text's order is the run's; inside a class (`self.mlp = MLP()` in an
+    # `__init__`) the layer is built when the class is, so a mesh made anywhere in the file may come first
+    mesh_made = ctx.state.get("mesh") or (bool(ctx.classes) and bool(
+        {"initialize_model_parallel", "neuron_init_mesh", "init_device_mesh"} & ctx.state.get("called", set())))
+    if not mesh_made:
         ctx.flag(flagmod.FlagRule(
             "nxd-mesh", "The plan needs the tensor-parallel mesh, and this file does not call "
             "initialize_model_parallel before it.", "call neuron_init_mesh(tp_size) (or init_device_mesh) first."),
@@ -442,3 +446,21 @@ def _optimizer_without_foreach(ctx: Ctx, original: cst.Call, updated: cst.Call) 
 
 _optimizer_without_foreach.rule_name = "optimizer-foreach"  # type: ignore[attr-defined]
 RULES.call_hooks.append(_optimizer_without_foreach)
+
+
+MOVE_MODEL = ("model", "device")
+
+
+def _move_model_to_device(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt] | None:
+    """NxD's move_model_to_device(model, device) is `model.to(device)` inside context managers that keep shared
+    weights and NxD's parameter attributes (neuronx-distributed src/neuronx_distributed/utils/model_utils.py); the
+    native layers carry no such attributes, so `model.to(device)` is the whole of it. It returns None: only the
+    statement form is rewritten."""
+    options = bind(call, MOVE_MODEL)
+    if options is None or set(options) != set(MOVE_MODEL):
+        return None
+    return [ctx.stmt(f"{ctx.code(options['model'])}.to({ctx.code(options['device'])})\n")]
+
+
+for _qn in (f"{NXD}.utils.model_utils.move_model_to_device", f"{NXD}.utils.move_model_to_device"):
+    RULES.statements[_qn] = _move_model_to_device

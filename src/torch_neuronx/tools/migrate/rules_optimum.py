@@ -71,7 +71,10 @@ _OTHER = flagmod.FlagRule("optimum-option", "An Optimum Neuron option with no na
 def _native_class(name: str) -> object:
     mod, native = _CLASSES[name]
 
-    def make(ctx: Ctx) -> Expr:
+    def make(ctx: Ctx) -> Expr | None:
+        call = ctx.state.get("renamed_call")
+        if name in _ARGS_CLASSES and isinstance(call, cst.Call) and _positional_fields(call):
+            return None  # flagged by the call's rule: the class stays
         ctx.need(mod, native)
         if name in _MIXIN_CLASSES and not ctx.state.get("renaming_a_call"):  # HfArgumentParser((..., ThisClass))
             ctx.flag(DEFAULTS_AS_VALUE, name)
@@ -143,7 +146,23 @@ def _with_optimum_defaults(ctx: Ctx, call: cst.Call, new: cst.Call) -> cst.Call:
     return new.with_changes(args=args)
 
 
+POSITIONAL = flagmod.FlagRule(
+    "optimum-positional", "Positional training arguments after output_dir follow Optimum Neuron's field order "
+    "(output_dir, overwrite_output_dir, do_train, ...: the Transformers release it pinned), which the installed "
+    "Transformers' TrainingArguments does not share (overwrite_output_dir is gone): they would bind to other fields.",
+    "pass every argument after output_dir by keyword, then migrate again.")
+
+
+def _positional_fields(call: cst.Call) -> bool:
+    """Whether training arguments are given by position after output_dir."""
+    split = split_args(call)
+    return split is not None and len(split[0]) > 1
+
+
 def _args_call(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
+    if _positional_fields(call):  # flagged, not rewritten: no faithful keyword for a positional field
+        ctx.flag(POSITIONAL, ctx.code(call))
+        return None
     new, tp = _drop_neuron_kwargs(ctx, call)
     if qn.rsplit(".", 1)[-1] in _MIXIN_CLASSES:
         new = _with_optimum_defaults(ctx, call, new)

@@ -1,10 +1,12 @@
 """PyTorch/XLA -> native PyTorch on the neuron device.
 
-Semantics kept (torch_xla 2.x): ``xla_device()`` is the process's core (torchrun binds ``neuron:LOCAL_RANK`` at
-``init_process_group``); ``mark_step`` has nothing to do in eager mode; ``optimizer_step`` / ``reduce_gradients``
+Semantics kept (torch_xla 2.x): ``xla_device()`` is the process's core, indexed as XLA's ``xla:0`` was
+(``neuron:LOCAL_RANK``, the core torchrun's ``init_process_group`` binds); ``mark_step`` has nothing to do in eager
+mode, and the step closures added before it run where it was; ``optimizer_step`` / ``reduce_gradients``
 all-reduce and average the gradients when more than one process runs; ``is_master_ordinal()`` is the *local*
-master by default, ``master_print`` prints on global rank 0; ``save`` moves to the CPU and writes on the master
-only; ``xmp.spawn(fn)`` becomes one torchrun worker calling ``fn(LOCAL_RANK, *args)``. Ordinals come from
+master by default, ``master_print`` prints on global rank 0 and evaluates its arguments on every rank; ``save``
+moves to the CPU and writes on the master only; ``xmp.spawn(fn)`` becomes one torchrun worker calling
+``fn(RANK, *args)``, ``torch_xla.launch(fn)`` one calling ``fn(LOCAL_RANK, *args)``. Ordinals come from
 torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``), which also holds with no launcher (0, 0, 1) and
 before ``init_process_group``, as XLA's did.
 """
@@ -24,6 +26,7 @@ from torch_neuronx.tools.migrate.registry import (
     bind,
     is_literal,
     is_xla_string,
+    parenthesised,
     split_args,
 )
 
@@ -77,7 +80,11 @@ def _device(ctx: Ctx, call: cst.Call, qn: str) -> Expr:
     ctx.need("torch")
     if call.args:
         ctx.warn("the device index is dropped: under torchrun each process's neuron device is its LOCAL_RANK core")
-    return ctx.expr(f"torch.device({ctx.device_str()})")
+    if ctx.target.device == "cpu":  # the CPU twin: CPU tensors carry no index
+        return ctx.expr(f"torch.device({ctx.device_str()})")
+    # torch_xla's xla_device() is an indexed device (xla:0, pytorch/xla torch_xla/core/xla_model.py), so
+    # `t.to(dev).device == dev` holds; the native device of a torchrun worker is neuron:LOCAL_RANK.
+    return ctx.expr(f"torch.device({ctx.device_str()}, {_env_int(ctx, 'LOCAL_RANK', '0')})")
 
 
 for _qn in (f"{XM}.xla_device", "torch_xla.device"):
@@ -111,6 +118,7 @@ def _step_closure(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
     args = arg(call, 1, "args")
     if fn is None:
         return None
+    fn = parenthesised(fn)  # `(lambda: ...)()`, `(f if m else g)(...)`: the callee, not part of it
     if args is None:
         return cst.Call(func=fn)
     if isinstance(args, cst.Tuple):
@@ -175,7 +183,44 @@ def _print_call(ctx: Ctx, call: cst.Call) -> tuple[str, str] | None:
     return f"print({', '.join(parts)})", master
 
 
+def _calls_in(node: cst.CSTNode) -> bool:
+    """Whether evaluating `node` calls something (which may be a collective every rank must enter)."""
+    found: list[bool] = []
+
+    class _V(cst.CSTVisitor):
+        def visit_Call(self, n: cst.Call) -> bool:
+            found.append(True)
+            return False
+
+        def visit_Lambda(self, n: cst.Lambda) -> bool:
+            return False
+
+    node.visit(_V())
+    return bool(found)
+
+
+def _master_print_helper(ctx: Ctx, call: cst.Call) -> Expr | None:
+    """torch_xla's master_print is an ordinary function (torch_xla/core/xla_model.py): its arguments are evaluated
+    on every rank before it tests the ordinal. Arguments that call something (`xm.mesh_reduce(...)`, a collective
+    all ranks must enter) go to `neuron_master_print`, which evaluates them on every rank too."""
+    split = split_args(call)
+    if split is None or not any(_calls_in(a.value) for a in call.args):
+        return None
+    pos, kw = split
+    parts = [ctx.code(a.value) for a in pos]
+    if "local" in kw:
+        parts.append(f"local={ctx.code(kw['local'].value)}")
+    if "fd" in kw:
+        parts.append(f"file={ctx.code(kw['fd'].value)}")
+    if "finalizer" in kw:
+        ctx.warn("master_print's finalizer is not called")
+    return ctx.expr(f"{ctx.helper('neuron_master_print')}({', '.join(parts)})")
+
+
 def _master_print_stmt(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt] | None:
+    helper = _master_print_helper(ctx, call)
+    if helper is not None:
+        return [cst.SimpleStatementLine(body=[cst.Expr(helper)])]
     got = _print_call(ctx, call)
     if got is None:
         return None
@@ -183,6 +228,9 @@ def _master_print_stmt(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt] | None:
 
 
 def _master_print(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
+    helper = _master_print_helper(ctx, call)
+    if helper is not None:
+        return helper
     got = _print_call(ctx, call)
     return None if got is None else ctx.expr(f"{got[0]} if {got[1]} else None")
 
@@ -227,7 +275,12 @@ def _optimizer_step_stmt(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt] | None
         return None
     opt, extra = got
     ctx.helper("neuron_average_gradients")
-    return [ctx.stmt(f"neuron_average_gradients({opt})\n"), ctx.stmt(f"{opt}.step({extra})\n")]
+    bound: list[Stmt] = []
+    optimizer = arg(call, 0, "optimizer")
+    if not isinstance(optimizer, (cst.Name, cst.Attribute)):  # `xm.optimizer_step(make_opt())`: evaluated once
+        bound = [ctx.stmt(f"_neuron_optimizer = {opt}\n")]
+        opt = "_neuron_optimizer"
+    return [*bound, ctx.stmt(f"neuron_average_gradients({opt})\n"), ctx.stmt(f"{opt}.step({extra})\n")]
 
 
 def _optimizer_step(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
@@ -251,7 +304,20 @@ def _helper_call(name: str, warn: str = "", params: tuple[str, ...] = ()) -> obj
     return rule
 
 
-RULES.calls[f"{XM}.reduce_gradients"] = _helper_call("neuron_average_gradients", params=REDUCE_GRADIENTS)  # type: ignore[assignment]
+def _reduce_gradients(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
+    """reduce_gradients(optimizer, groups=None, pin_layout=True) (torch_xla/core/xla_model.py): `pin_layout` has
+    no native meaning and goes; `groups` None or [] is the whole world; other groups are flagged."""
+    options = bind(call, REDUCE_GRADIENTS)
+    if options is None or "optimizer" not in options:
+        return None
+    if _flag_groups(ctx, call, REDUCE_GRADIENTS):
+        return None
+    if "pin_layout" in options:
+        ctx.warn("pin_layout dropped (no native meaning)")
+    return ctx.expr(f"{ctx.helper('neuron_average_gradients')}({ctx.code(options['optimizer'])})")
+
+
+RULES.calls[f"{XM}.reduce_gradients"] = _reduce_gradients
 RULES.calls[f"{XM}.save"] = _helper_call("neuron_save")  # type: ignore[assignment]
 RULES.calls[f"{XM}.mesh_reduce"] = _helper_call("neuron_mesh_reduce")  # type: ignore[assignment]
 
@@ -327,7 +393,10 @@ def _spawn_stmt(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt] | None:
         return None
     args = arg(call, 1, "args")
     nprocs = arg(call, 2, "nprocs")
-    call_args = [] if qn == "torch_xla.launch" else [_env_int(ctx, "RANK", "0")]  # XLA passes the global ordinal
+    # xmp.spawn passes the global ordinal (torch_xla/_internal/pjrt.py); torch_xla.launch under torchrun calls
+    # fn(LOCAL_RANK, *args) (pytorch/xla torch_xla/torch_xla.py, `launch`)
+    index = _env_int(ctx, "LOCAL_RANK", "0") if qn == "torch_xla.launch" else _env_int(ctx, "RANK", "0")
+    call_args = [index]
     if isinstance(args, cst.Tuple):
         call_args += [ctx.code(e.value) for e in args.elements]
     elif args is not None:
