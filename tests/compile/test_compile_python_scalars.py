@@ -271,3 +271,31 @@ def test_a_float_read_at_run_time_keeps_one_graph_per_shape() -> None:
         for s in (0.1, 0.2, 0.3, 0.4):
             torch.testing.assert_close(compiled(x.to("neuron"), s).cpu(), fn(x, s), rtol=0, atol=0)
     assert metrics.snapshot()["graphs_compiled"] <= 3  # the first value, then a runtime float, per shape
+
+
+def test_a_float_an_op_must_compare_is_compiled_in_when_the_shape_changes_too() -> None:
+    # Review r34c: hardtanh(x, -s, s) compares its bounds when it lowers (-s > s), which a float read at run time
+    # cannot answer (GuardOnDataDependentSymNode): such a graph now holds the float as a constant, per value
+    def fn(x: torch.Tensor, s: float) -> torch.Tensor:
+        return F.hardtanh(x, -s, s)
+
+    compiled = torch.compile(fn, backend="neuron")
+    for i, s in enumerate((0.2, 0.3, 0.4)):
+        x = torch.linspace(-1, 1, 64 + i)
+        torch.testing.assert_close(compiled(x.to("neuron"), s).cpu(), fn(x, s), rtol=0, atol=0, msg=f"s={s}")
+
+
+def test_the_recompile_limit_warning_names_a_float_compiled_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review r34c: when a float64 graph's float fills the limit, the warning blamed shapes and advised bucketing
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 3)
+
+    def fn(x: torch.Tensor, s: float) -> torch.Tensor:
+        return x * s
+
+    compiled = torch.compile(fn, backend="neuron")
+    with pytest.warns(UserWarning) as caught:
+        for i, s in enumerate((0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625)):
+            x = torch.ones(4 + min(i, 1), dtype=torch.float64)  # one shape change, then the float alone
+            torch.testing.assert_close(compiled(x.to("neuron"), s).cpu(), fn(x, s), rtol=0, atol=0)
+    texts = [str(w.message) for w in caught if "recompile_limit" in str(w.message)]
+    assert texts and "L['s']" in texts[0] and "Bucket the inputs" not in texts[0], texts

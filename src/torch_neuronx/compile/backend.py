@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from torch_neuronx import metrics as counters
 from torch_neuronx.compile import artifacts, cache, device_interface, metrics, placement
@@ -312,20 +313,33 @@ class _StaticSpecializer:
                     warnings.warn(limit_message(self.function, dynamo_config.recompile_limit,
                                                 self._varying_values([*self.graphs, key])), stacklevel=2)
                 return self.gm(*args)
+            if not self.pin:
+                try:
+                    compiled = compile_graph(self.gm, list(args), self.function, self.compile_id, self.options,
+                                             self.names, read_scalars=bool(self.scalars))
+                except GuardOnDataDependentSymNode:
+                    # An op whose lowering must compare the float (hardtanh(x, -s, s): -s > s) cannot read it at
+                    # run time: this graph holds its floats as constants from now on, as float64 graphs do.
+                    self.pin = True
+                    values = {i: args[i].item() for i in self.scalars}
+                    key = tuple((*k[:5], values.get(i)) if i in self.scalars and isinstance(k, tuple) else k
+                                for i, k in enumerate(key))
             if self.pin:
                 compiled = compile_graph(pin_scalars(self.gm, values), list(args), self.function, self.compile_id,
                                          self.options, self.names, pinned=values)
-            else:
-                compiled = compile_graph(self.gm, list(args), self.function, self.compile_id, self.options,
-                                         self.names, read_scalars=bool(self.scalars))
             self.compile_id = None  # Dynamo's recompile reason belongs to the first specialisation only
             self.graphs[key] = compiled
         return compiled(*args)
 
     def _varying_values(self, keys: list[tuple[Any, ...]]) -> list[str]:
-        """The named int arguments (not sizes) whose value differs between the specialisations `keys`."""
+        """The named int arguments (not sizes), and the Python floats compiled in, whose value differs between
+        the specialisations `keys`."""
+        def value(key: tuple[Any, ...], i: int) -> Any:
+            return key[i][5] if i in self.scalars and isinstance(key[i], tuple) else key[i]
+
         return [name for i, name in enumerate(self.names)
-                if name and i < len(keys[0]) and isinstance(keys[0][i], int) and len({k[i] for k in keys}) > 1]
+                if name and i < len(keys[0]) and (isinstance(keys[0][i], int) or (i in self.scalars and self.pin))
+                and len({value(k, i) for k in keys}) > 1]
 
 
 def limit_message(function: str, limit: int, int_arguments: list[str] | None = None) -> str:
@@ -333,8 +347,9 @@ def limit_message(function: str, limit: int, int_arguments: list[str] | None = N
     `int_arguments` (Dynamo's sources of int arguments that changed)."""
     head = f"torch_neuronx: {function} reached torch._dynamo.config.recompile_limit ({limit}) graphs"
     if int_arguments:
-        return (f"{head} for values of the int argument {', '.join(int_arguments)} (each value is its own Neuron "
-                "graph); new values run eagerly. Pass a value that changes as a tensor, or keep it constant.")
+        return (f"{head} for values of the argument {', '.join(int_arguments)} (each value is its own Neuron "
+                "graph: an int, or a float compiled in); new values run eagerly. Pass a value that changes as a "
+                "tensor, or keep it constant.")
     return f"{head} for shapes; new shapes run eagerly. Bucket the inputs (torch_neuronx.compile.bucketing)."
 
 

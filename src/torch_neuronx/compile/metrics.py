@@ -283,6 +283,9 @@ BUCKETING_ADVICE = ("Every new shape is a new Neuron graph: pad inputs to a few 
                     "propose_buckets(lengths, max_graphs=N)).")
 VALUE_ADVICE = ("Neuron graphs are specialised on each value of an int argument (one graph per value): pass a "
                 "value that changes as a tensor, or keep it constant.")
+FLOAT_ADVICE = ("A float that changes is compiled into each graph where Inductor cannot read it at run time (a "
+                "float64 graph whose shapes or ints change too, or an op that takes it only as a number): pass it "
+                "as a 0-d tensor, or keep it constant.")
 
 
 def _warn_recompiles(function: str, recompiles: int, varying: dict[tuple[str, int], set[Any]]) -> None:
@@ -290,9 +293,13 @@ def _warn_recompiles(function: str, recompiles: int, varying: dict[tuple[str, in
               for (name, dim), sizes in varying.items() if dim >= 0]
     values = [f"{name} took {len(seen)} values {_listed(seen)}"
               for (name, dim), seen in varying.items() if dim < 0 and seen]
+    floats = any(isinstance(v, float) for (_, dim), seen in varying.items() if dim < 0 for v in seen)
+    ints = any(not isinstance(v, float) for (_, dim), seen in varying.items() if dim < 0 for v in seen)
     advice = [BUCKETING_ADVICE] if shapes else []
-    if values:
+    if ints:
         advice.append(VALUE_ADVICE)
+    if floats:
+        advice.append(FLOAT_ADVICE)
     if not shapes and not values:
         varied = "not a shape change (see torch._dynamo recompile reasons: TORCH_LOGS=recompiles)"
         advice = ["Dynamo recompiled on a guard that failed: a Python value the code depends on changed."]
