@@ -193,6 +193,20 @@ def test_cli_json_has_the_documented_keys(traffic: str, files: dict[str, Path],
         assert {"context_length", "generation_length", "ttft_ms", "tpot_ms", "output_tokens_per_s", "fits",
                 "hbm"} <= set(b)
     assert "traffic mix: TTFT p50" in out and "compiled graphs" in out
+    shape_keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")  # check --buckets-from
+    assert data["model_shape"] == {k: LLAMA3_8B[k] for k in shape_keys}  # compares them with --hf-model's
+
+
+def test_a_config_without_positions_gets_its_class_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A config.json without max_position_embeddings: Transformers fills in its class's default (LlamaConfig: 2048),
+    so a 3,000-token prompt is refused; the twin, 2,000 + 48 tokens, is planned."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({k: v for k, v in LLAMA3_8B.items() if k != "max_position_embeddings"}))
+    base = [str(config), "--serve", "--instance", "inf2.48xlarge", "--tp", "8", "--output-len"]
+    rc, out, err = _cli([*base, "48", "--input-len", "3000"], capsys)
+    assert rc == 2 and "2048" in err and len(err.strip().splitlines()) == 1, err
+    rc, out, err = _cli([*base, "48", "--input-len", "2000"], capsys)
+    assert rc == 0, err
 
 
 def test_cli_fixed_shape_equals_the_phase_models(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
@@ -353,6 +367,10 @@ def test_csv_header_is_read_by_name(tmp_path: Path) -> None:
     headerless = tmp_path / "d.csv"
     headerless.write_text("3000,50\n120,7\n")
     assert read_traffic(headerless) == [(3000, 50), (120, 7)]
+    for name, text in (("bom.csv", "prompt_len,output_len\r\n3000,50\r\n120,7\r\n"), ("bom2.csv", "3000,50\n120,7\n"),
+                       ("bom.json", "[[3000, 50], [120, 7]]")):  # Excel's "CSV UTF-8" starts with a byte-order mark
+        (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + text.encode())
+        assert read_traffic(tmp_path / name) == [(3000, 50), (120, 7)], name
     unnamed = tmp_path / "e.csv"
     unnamed.write_text("tokens_in,tokens_out\n3000,50\n")
     with pytest.raises(TrafficError, match="lacks prompt_len and output_len"):

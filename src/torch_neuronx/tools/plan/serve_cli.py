@@ -105,8 +105,10 @@ def parse_buckets(text: str) -> list[int] | None:
     if text.strip().lower() == "auto":
         return None
     parts = [t.strip() for t in text.split(",") if t.strip()]
-    if not parts or not all(t.isdigit() and 1 <= int(t) <= 1 << 22 for t in parts):
-        raise PlanError(f"--buckets {text!r}: give auto or whole lengths separated by commas, e.g. 512,1024,2048")
+    # ASCII digits only ('²' is a digit to str.isdigit but not to int()), and few enough for int() to take
+    if not parts or not all(t.isascii() and t.isdigit() and len(t) <= 8 and 1 <= int(t) <= 1 << 22 for t in parts):
+        shown = repr(text) if len(text) <= 60 else repr(text[:60] + "...")
+        raise PlanError(f"--buckets {shown}: give auto or whole lengths separated by commas, e.g. 512,1024,2048")
     return [int(t) for t in parts]
 
 

@@ -88,7 +88,7 @@ def plan_serving(model: Any, instance: str, traffic: Sequence[tuple[int, int]], 
     else:
         chosen = serve_buckets.choose(traffic, max_buckets)
     if tp is not None:
-        problems = serve.tp_problems(m, hw, tp)
+        problems = serve.tp_problems(m, hw, tp) or [p for p in [serve.unsupported_tp(hw, tp)] if p]
         if problems:
             raise PlanError(f"--tp {tp}: {problems[0]}")
         candidates = [tp]
@@ -102,8 +102,11 @@ def plan_serving(model: Any, instance: str, traffic: Sequence[tuple[int, int]], 
         r["slo_met"] = _slo_met(r, slo_ttft_ms, slo_tpot_ms)
     best = _best(results, slo_ttft_ms, slo_tpot_ms)
     waste = serve_buckets.padding_waste(traffic, chosen)
-    return {"model": m.name, "instance": instance, "lnc": hw.lnc, "batch": batch, "precision": precision,
-            "weights": weights, "requests": len(traffic), "context_buckets": list(chosen.context),
+    shape = {"hidden_size": m.hidden, "num_hidden_layers": m.layers, "num_attention_heads": m.heads,
+             "vocab_size": m.vocab}  # `check --buckets-from` compares it with --hf-model's config.json
+    return {"model": m.name, "model_shape": shape, "instance": instance, "lnc": hw.lnc, "batch": batch,
+            "precision": precision, "weights": weights, "requests": len(traffic),
+            "context_buckets": list(chosen.context),
             "generation_buckets": list(chosen.generation), "why_buckets": chosen.why,
             "compile_count": chosen.compile_count, "padding_waste": waste,
             "slo": {"ttft_p99_ms": slo_ttft_ms, "tpot_p99_ms": slo_tpot_ms}, **best,
@@ -116,7 +119,7 @@ def plan_serving(model: Any, instance: str, traffic: Sequence[tuple[int, int]], 
 def check_positions(m: ModelSpec, traffic: Sequence[tuple[int, int]], buckets: Sequence[int] | None) -> None:
     """Refuse requests and buckets longer than the model's position embeddings (max_position_embeddings): the
     model cannot attend that far (NxD Inference and Transformers NeuronX refuse such a sequence length too)."""
-    limit = m.max_positions
+    limit = m.max_positions or class_default_positions(m)
     if not limit:
         return
     prompt = max(p for p, _ in traffic)
@@ -128,6 +131,24 @@ def check_positions(m: ModelSpec, traffic: Sequence[tuple[int, int]], buckets: S
                         f"max_position_embeddings is {limit}: shorten the output or the prompt")
     if buckets and max(buckets) > limit:
         raise PlanError(f"--buckets: bucket {max(buckets)} is longer than {m.name}'s max_position_embeddings={limit}")
+
+
+def class_default_positions(m: ModelSpec) -> int:
+    """A config.json without max_position_embeddings gets its Transformers config class's default when the model is
+    loaded (LlamaConfig: 2048), so that is its limit; 0 when the model type is unknown (nothing is checked)."""
+    model_type = (m.raw or {}).get("model_type") if isinstance(m.raw, dict) else getattr(m.config, "model_type", None)
+    if m.config is not None and hasattr(m.config, "get_text_config"):  # a transformers config: defaults filled in
+        value = getattr(m.config.get_text_config(), "max_position_embeddings", None)
+        return value if isinstance(value, int) and value > 0 else 0
+    if not isinstance(model_type, str):
+        return 0
+    try:
+        from transformers import AutoConfig
+
+        value = getattr(AutoConfig.for_model(model_type).get_text_config(), "max_position_embeddings", None)
+    except Exception:  # noqa: BLE001 - a model type this transformers does not know
+        return 0
+    return value if isinstance(value, int) and value > 0 else 0
 
 
 def _slo_excess(result: dict[str, Any], slo_ttft_ms: float | None, slo_tpot_ms: float | None) -> float:

@@ -57,7 +57,7 @@ def read_traffic(path: str | Path) -> list[tuple[int, int]]:
         if len(data) > MAX_BYTES:
             raise TrafficError(f"{label}: larger than {MAX_BYTES:,} bytes; sample at most {MAX_REQUESTS:,} "
                                "requests")
-        text = data.decode()
+        text = data.decode("utf-8-sig")  # a byte-order mark (Excel's "CSV UTF-8") is not part of the header
     except FileNotFoundError:
         raise TrafficError(f"{label}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
