@@ -187,6 +187,10 @@ print(*out, torch.neuron.max_memory_reserved() // MIB)
     ("max_split_size_mb:20,max_non_split_rounding_mb:20", "1 1 0 60"),
     ("max_split_size_mb:20,max_non_split_rounding_mb:1024", "1 1 0 60"),
     ("max_split_size_mb:30,max_non_split_rounding_mb:40", "1 0 0 66"),  # 25 MiB < 30: not from the oversize block
+    # values past 18 digits (review r34b: refused as "not at least 20") clamp to the largest size, as c10's
+    # parseMaxSplitSize does: no block is oversize then, and the one 40 MiB segment serves 36, 25 and 19 MiB
+    ("max_split_size_mb:18446744073709551615", "1 1 1 40"),
+    ("max_split_size_mb:99999999999999999999999,max_non_split_rounding_mb:100000000000000000000", "1 1 1 40"),
 ])
 def test_max_non_split_rounding_mb(conf: str, expected: str) -> None:
     r = run(NON_SPLIT, conf)

@@ -41,13 +41,17 @@ std::string trim(const std::string& s) {
                     ". Fix or unset PYTORCH_ALLOC_CONF (docs/memory.md lists the keys the neuron allocator honours).");
 }
 
-// A whole decimal number (no sign, no suffix), or nothing.
+// A whole decimal number (no sign, no suffix), or nothing. One too large for
+// size_t saturates at its maximum, which the callers clamp as c10's
+// AcceleratorAllocatorConfig does (parseMaxSplitSize: min(value, max / 1 MiB)).
 std::optional<size_t> parse_size(const std::string& text) {
-  if (text.empty() || text.size() > 18) return std::nullopt;
+  if (text.empty()) return std::nullopt;
+  constexpr size_t kMax = std::numeric_limits<size_t>::max();
   size_t value = 0;
   for (const char c : text) {
     if (c < '0' || c > '9') return std::nullopt;
-    value = value * 10 + static_cast<size_t>(c - '0');
+    const auto digit = static_cast<size_t>(c - '0');
+    value = value > (kMax - digit) / 10 ? kMax : value * 10 + digit;
   }
   return value;
 }
