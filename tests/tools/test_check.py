@@ -276,18 +276,21 @@ def test_a_hugging_face_model_directory_passes(tmp_path: Path) -> None:
 
 def test_hf_generate_runs_plan_serve_buckets_against_cpu(tmp_path: Path) -> None:
     """`check --hf-model DIR --buckets-from plan.json`: the generate layer runs each of plan --serve's context
-    buckets (a padded prompt per bucket) against CPU; one graph per bucket, none in the steady state."""
+    buckets (a padded prompt per bucket) against CPU; one graph per bucket, none in the steady state. Nine buckets:
+    more than Dynamo's default recompile_limit (8), which the workload raises, so the ninth compiles too."""
     from torch_neuronx.testing import hf as tiny_hf
-    from torch_neuronx.tools.check.config import buckets_from_plan
+    from torch_neuronx.tools.check.config import buckets_from_plan, check_plan_model
     from torch_neuronx.tools.plan.serve_plan import plan_serving
 
     model = tiny_hf.save_checkpoint(tmp_path / "model", layers=1)
     plan = tmp_path / "plan.json"  # what `plan MODEL --serve --lengths ... --json plan.json` writes
-    served = plan_serving(model / "config.json", "trn1.2xlarge", [(8, 4), (14, 4), (40, 4)], tp=1, batch=1,
-                          max_buckets=3)
+    lengths = [4, 5, 6, 7, 8, 9, 10, 11, 12]
+    served = plan_serving(model / "config.json", "trn1.2xlarge", [(n, 4) for n in lengths], tp=1, batch=1,
+                          max_buckets=9)
     plan.write_text(json.dumps(served, default=str))
     buckets = buckets_from_plan(str(plan))
-    assert buckets == [8, 14, 40]
+    assert buckets == lengths
+    check_plan_model(str(plan), str(model))  # the plan is of this model: accepted
     cfg = CheckConfig(hf_model=str(model), task="generate", buckets=buckets, out_dir=tmp_path / "check",
                       progress=False, cwd=tmp_path, timeout=400)
     doc = check(cfg)
@@ -296,12 +299,11 @@ def test_hf_generate_runs_plan_serve_buckets_against_cpu(tmp_path: Path) -> None
     assert all(e["max_abs_diff"] == 0 for e in records.values())  # greedy tokens equal CPU's, every bucket
     assert doc["layers"]["compilation"]["verdict"] == "pass", report.text(doc)
     per_bucket = {e["bucket"]: e for e in evidence(doc, "compilation", "pass", "bucket")}
-    assert {b: (e["graphs"], e["steady_compiles"]) for b, e in per_bucket.items()} == {8: (1, 0), 14: (1, 0),
-                                                                                         40: (1, 0)}
+    assert {b: (e["graphs"], e["steady_compiles"]) for b, e in per_bucket.items()} == dict.fromkeys(buckets, (1, 0))
     [total] = evidence(doc, "compilation", "pass", "buckets")
-    assert total["graphs"] == 3 and doc["ranks"][0]["warmup_steps"] == 3 and len(doc["steps"]) == 6
-    # the fault twin: a bucket whose steady-state call compiled again fails, and so does the total (3 graphs for
-    # 2 buckets)
+    assert total["graphs"] == 9 and doc["ranks"][0]["warmup_steps"] == 9 and len(doc["steps"]) == 18
+    # the fault twins: a bucket whose steady-state call compiled again fails, and so does the total (3 graphs for
+    # 2 buckets); a bucket whose first call compiled nothing ran eagerly (past a recompile limit): it fails
     from types import SimpleNamespace
 
     from torch_neuronx.tools.check import verdicts
@@ -315,6 +317,43 @@ def test_hf_generate_runs_plan_serve_buckets_against_cpu(tmp_path: Path) -> None
     verdicts.bucket_compilation(layer, side, [8, 16])
     assert [(e["check"], e["verdict"]) for e in layer.evidence] == [("bucket", "pass"), ("bucket", "fail"),
                                                                     ("buckets", "fail")]
+    side.ranks = {0: SimpleNamespace(steps=[{"i": 0, "compile": {"graphs": 2}}, {"i": 1}, {"i": 2}, {"i": 3}])}
+    layer = verdicts.Layer()  # 2 graphs in all for 2 buckets, but the second bucket compiled none: it ran eagerly
+    verdicts.bucket_compilation(layer, side, [8, 16])
+    assert [(e["check"], e["verdict"]) for e in layer.evidence] == [("bucket", "pass"), ("bucket", "fail"),
+                                                                    ("buckets", "pass")]
+    assert "ran uncompiled" in layer.evidence[1]["message"]
+
+
+def test_hf_workload_bucket_prompt_of_a_weights_only_directory(tmp_path: Path) -> None:
+    """A Qwen2 directory without tokenizer files: transformers returns an empty Qwen2Tokenizer (it encodes any text to
+    no tokens) instead of raising; the workload falls back to the built-in word-level tokenizer (docs/check.md), so
+    generate and every bucket get a real prompt. The twin: a directory with its own tokenizer keeps it."""
+    from torch_neuronx.testing import hf as tiny_hf
+    from torch_neuronx.tools.check import hf_workload
+
+    text = " ".join(hf_workload.PROMPTS)
+    bare = tmp_path / "qwen2"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"model_type": "qwen2", "vocab_size": 256, "hidden_size": 64,
+                                                  "num_attention_heads": 2, "max_position_embeddings": 512}))
+    builtin = tiny_hf.tokenizer()
+    tok = hf_workload.load_tokenizer(bare)
+    assert tok(text)["input_ids"] == builtin(text)["input_ids"] and len(tok(text)["input_ids"]) > 4
+    ids, mask = hf_workload.bucket_prompt(tok, 12, 0)
+    assert ids.shape == mask.shape == (1, 12) and int(mask.sum()) == 9 and int(ids[0, 3:].ne(0).sum()) == 9
+    own = tmp_path / "own"  # the twin: the directory's tokenizer is used
+    tiny_hf.save_checkpoint(own, layers=1)
+    assert hf_workload.load_tokenizer(own).name_or_path == str(own) and tok.name_or_path != str(bare)
+
+    class Empty:  # a tokenizer that still encodes to nothing: a clear error, not ZeroDivisionError
+        def __call__(self, text: str, **kwargs: Any) -> dict[str, Any]:
+            import torch
+
+            return {"input_ids": torch.zeros((1, 0), dtype=torch.long)}
+
+    with pytest.raises(ValueError, match="encodes the built-in prompts to no tokens"):
+        hf_workload.bucket_prompt(Empty(), 12, 0)
 
 
 def test_buckets_widen_the_warm_up_and_the_shape_limit() -> None:
@@ -346,6 +385,15 @@ def test_buckets_widen_the_warm_up_and_the_shape_limit() -> None:
     (["--buckets-from", "notjson.json"], "not a JSON file"),
     (["--buckets-from", "noplan.json"], "no `context_buckets` list"),
     (["--buckets-from", "badplan.json"], "increasing order"),
+    (["--buckets-from", "deep.json"], "nested too deep"),
+    (["--buckets-from", "fifo.json"], "not a regular file"),
+    (["--buckets-from", "/dev/null"], "not a regular file"),
+    (["--buckets-from", "."], "is a folder"),
+    (["--buckets", "8", "--buckets-from", "badplan.json"], "not both"),
+    (["--buckets", "\u00b2"], "whole number of tokens"),
+    (["--buckets", "9" * 5000], "whole number of tokens"),
+    (["--buckets-from", "otherplan.json"], "planned for another model"),
+    (["--hf-model", "nopos", "--buckets", "8,2041"], "exceeds the model's 2048 positions"),  # LlamaConfig's default
 ])
 def test_bad_bucket_lists_exit_2_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str], args: list[str],
@@ -353,11 +401,18 @@ def test_bad_bucket_lists_exit_2_with_one_line(tmp_path: Path, monkeypatch: pyte
     from torch_neuronx.tools.cli import main
 
     (tmp_path / "model").mkdir()
+    shape = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}
     (tmp_path / "model" / "config.json").write_text(json.dumps({"model_type": "llama",
-                                                                 "max_position_embeddings": 256}))
+                                                                 "max_position_embeddings": 256, **shape}))
+    (tmp_path / "nopos").mkdir()  # no max_position_embeddings: transformers' LlamaConfig default (2048) holds
+    (tmp_path / "nopos" / "config.json").write_text(json.dumps({"model_type": "llama", **shape}))
+    (tmp_path / "otherplan.json").write_text(json.dumps({"model": "big", "context_buckets": [8], "model_shape": {
+        **shape, "hidden_size": 4096, "num_hidden_layers": 32}}))
     (tmp_path / "notjson.json").write_text("{")
     (tmp_path / "noplan.json").write_text("{}")
     (tmp_path / "badplan.json").write_text(json.dumps({"context_buckets": [512, 128]}))
+    (tmp_path / "deep.json").write_text('{"context_buckets": ' + "[" * 1000 + "]" * 1000 + "}")
+    os.mkfifo(tmp_path / "fifo.json")  # reading it would block: refused before it is opened
     monkeypatch.chdir(tmp_path)
     assert main(["check", "--hf-model", "model", *args]) == 2
     err = capsys.readouterr().err.strip()

@@ -30,11 +30,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--hf-model", metavar="DIR", help="check a Hugging Face model directory with the built-in "
                    "workload (static-cache generate and SFT steps) instead of a command")
     p.add_argument("--task", default="all", choices=("generate", "sft", "all"), help="the built-in workload's tasks")
-    buckets = p.add_mutually_exclusive_group()
-    buckets.add_argument("--buckets", metavar="LIST", help="--hf-model: run generate at each of these prompt "
-                         "lengths (e.g. 128,512), a padded prompt per bucket, against CPU (docs/check.md)")
-    buckets.add_argument("--buckets-from", metavar="PLAN_JSON", help="--hf-model: the context buckets of a "
-                         "`torch-neuronx plan MODEL --serve --json PLAN_JSON` output")
+    p.add_argument("--buckets", metavar="LIST", help="--hf-model: run generate at each of these prompt "
+                   "lengths (e.g. 128,512), a padded prompt per bucket, against CPU (docs/check.md)")
+    p.add_argument("--buckets-from", metavar="PLAN_JSON", help="--hf-model: the context buckets of a "
+                   "`torch-neuronx plan MODEL --serve --json PLAN_JSON` output")
     p.add_argument("--reference", nargs=argparse.REMAINDER, help="the reference command (give it last: "
                    "--reference -- ref.py ...); default: the job with {device} replaced by cpu")
     p.add_argument("--out", default="neuronx-check", help="where events, logs and reports go (default %(default)s)")
@@ -74,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         CheckConfig,
         Thresholds,
         buckets_from_plan,
+        check_plan_model,
         check_writable_file,
         parse_buckets,
     )
@@ -86,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         if args.reference is not None and not args.reference:  # `check --reference -- ref.py`: argparse put
             raise ValueError("--reference was given but no job: put the job first, then the reference, e.g. "
                              "`torch-neuronx check -- train.py --reference -- ref.py`")  # ref.py in the job
+        if args.buckets is not None and args.buckets_from is not None:  # checked here: argparse prints its usage
+            raise ValueError("--buckets and --buckets-from both give the buckets: give one, not both")
         buckets = parse_buckets(args.buckets) if args.buckets is not None else \
             buckets_from_plan(args.buckets_from) if args.buckets_from is not None else None
         cfg = CheckConfig(command=command, reference=reference, nproc_per_node=args.nproc_per_node,
@@ -96,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
                           thresholds=Thresholds(args.loss_rtol, args.loss_atol, args.warmup_steps, args.max_shapes,
                                                 args.memory_warn, args.max_startup))
         cfg.validate()
+        if args.buckets_from is not None:
+            check_plan_model(args.buckets_from, args.hf_model)
         for flag, path in (("--json", args.json), ("--html", args.html)):
             if path:
                 check_writable_file(flag, path)

@@ -92,22 +92,7 @@ class CheckConfig:
                 math.isinf(timeout) or timeout <= 0:
             raise ValueError(f"--timeout {timeout!r}: give a positive, finite number of seconds")
         self.thresholds.validate()
-        if self.instance is not None:
-            from torch_neuronx.runtime import instances
-
-            if self.instance not in instances.INSTANCES:
-                raise ValueError(f"--instance {self.instance!r} is not a Neuron instance type; choose one of "
-                                 f"{', '.join(sorted(instances.INSTANCES))}")
-            inst = instances.INSTANCES[self.instance]
-            lnc_text = self.env.get("NEURON_LOGICAL_NC_CONFIG") or os.environ.get("NEURON_LOGICAL_NC_CONFIG")
-            lnc = int(lnc_text) if lnc_text and lnc_text.strip().isdigit() and int(lnc_text) > 0 else \
-                inst.default_lnc
-            cores = inst.physical_cores // lnc
-            for flag, n in (("--nproc-per-node", self.nproc_per_node),
-                            ("--reference-nproc-per-node", self.reference_nproc_per_node)):
-                if n is not None and n > cores:
-                    raise ValueError(f"{flag} {n}: {self.instance} has {cores} NeuronCores (logical, LNC={lnc}); "
-                                     f"one process per core: give at most {cores}")
+        self._validate_process_counts()
         if self.command:
             job_problem(self.command, self.cwd)
         out = Path(self.out_dir)
@@ -118,6 +103,31 @@ class CheckConfig:
             raise ValueError(f"--out {out}: {existing} is a file, so the folder cannot be made; give another --out")
         if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
             raise ValueError(f"--out {out}: {existing} is not writable; give a folder you can write to")
+
+    def _validate_process_counts(self) -> None:
+        """One process per NeuronCore: refuse more ranks than the instance has cores, before anything runs.
+
+        Without --instance the job emulates TORCH_NEURONX_INSTANCE_TYPE (from --env, then the environment, then the
+        runtime's default, runtime/env.py), so the limit is that instance's and 99 ranks never start.
+        """
+        from torch_neuronx.runtime import instances
+
+        if self.instance is not None and self.instance not in instances.INSTANCES:
+            raise ValueError(f"--instance {self.instance!r} is not a Neuron instance type; choose one of "
+                             f"{', '.join(sorted(instances.INSTANCES))}")
+        name = self.instance or self.env.get("TORCH_NEURONX_INSTANCE_TYPE") or \
+            os.environ.get("TORCH_NEURONX_INSTANCE_TYPE") or instances.DEFAULT_INSTANCE
+        inst = instances.INSTANCES.get(name)
+        if inst is None:  # an unknown TORCH_NEURONX_INSTANCE_TYPE: the job's own runtime reports it
+            return
+        lnc_text = self.env.get("NEURON_LOGICAL_NC_CONFIG") or os.environ.get("NEURON_LOGICAL_NC_CONFIG")
+        lnc = int(lnc_text) if lnc_text and lnc_text.strip().isdigit() and int(lnc_text) > 0 else inst.default_lnc
+        cores = inst.physical_cores // lnc
+        for flag, n in (("--nproc-per-node", self.nproc_per_node),
+                        ("--reference-nproc-per-node", self.reference_nproc_per_node)):
+            if n is not None and n > cores:
+                raise ValueError(f"{flag} {n}: {name} has {cores} NeuronCores (logical, LNC={lnc}); "
+                                 f"one process per core: give at most {cores}")
 
     def _validate_buckets(self) -> None:
         if self.hf_model is None:
@@ -148,7 +158,8 @@ class CheckConfig:
 # The built-in workload's shape (tools/check/hf_workload.py): SFT steps before generate, tokens generated per call.
 HF_SFT_STEPS = 4
 HF_NEW_TOKENS = 8
-MAX_BUCKETS = 16  # each bucket compiles a graph on Trainium; Dynamo's cache_size_limit is 8 per code object
+MAX_BUCKETS = 16  # each bucket compiles a graph on Trainium (hf_workload raises Dynamo's recompile_limit, 8 per
+# code object, to cover them)
 
 
 def bucket_problem(buckets: object) -> str | None:
@@ -170,16 +181,17 @@ def bucket_problem(buckets: object) -> str | None:
 def parse_buckets(text: str) -> list[int]:
     """`--buckets 128,512` as a list; ValueError with a one-line message for anything else."""
     parts = [p.strip() for p in str(text).split(",")]
+    shown = repr(text) if len(text) <= 60 else repr(text[:60] + "...")
     if not text.strip() or any(not p for p in parts):
-        raise ValueError(f"--buckets {text!r}: give comma-separated prompt lengths, e.g. --buckets 128,512")
+        raise ValueError(f"--buckets {shown}: give comma-separated prompt lengths, e.g. --buckets 128,512")
     try:
         values = [int(p) for p in parts]
-    except ValueError:
-        raise ValueError(f"--buckets {text!r}: each bucket is a whole number of tokens, e.g. --buckets 128,512") \
+    except ValueError:  # also a number of thousands of digits (int() refuses it)
+        raise ValueError(f"--buckets {shown}: each bucket is a whole number of tokens, e.g. --buckets 128,512") \
             from None
     problem = bucket_problem(values)
     if problem:
-        raise ValueError(f"--buckets {text!r}: {problem}")
+        raise ValueError(f"--buckets {shown}: {problem}")
     return values
 
 
@@ -189,11 +201,17 @@ def buckets_from_plan(path: str) -> list[int]:
     import json
 
     p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"--buckets-from {path}: no such file; give the JSON that `torch-neuronx plan MODEL --serve "
-                         "--json PATH` wrote")
+    hint = "give the JSON that `torch-neuronx plan MODEL --serve --json PATH` wrote"
+    if not p.exists():
+        raise ValueError(f"--buckets-from {path}: no such file; {hint}")
+    if p.is_dir():
+        raise ValueError(f"--buckets-from {path}: that is a folder; {hint}")
+    if not p.is_file():  # a FIFO would block until a writer comes, a device may never end: refused before opening
+        raise ValueError(f"--buckets-from {path}: not a regular file (a device or a pipe); {hint}")
     try:
         doc = json.loads(p.read_text())
+    except RecursionError:  # lists nested thousands deep
+        raise ValueError(f"--buckets-from {path}: not a plan JSON (nested too deep); {hint}") from None
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise ValueError(f"--buckets-from {path}: not a JSON file ({type(e).__name__})") from None
     buckets = doc.get("context_buckets") if isinstance(doc, dict) else None
@@ -205,21 +223,74 @@ def buckets_from_plan(path: str) -> list[int]:
     return list(buckets)
 
 
-def max_positions(config_json: Path) -> int | None:
-    """The model's position limit (max_position_embeddings or n_positions), None when its config has none."""
+# The fields `plan --serve --json` writes as `model_shape` (tools/plan/serve_plan.py) and check compares with
+# --hf-model's config.json: a plan of another model has other buckets (and other positions).
+MODEL_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+def _config_fields(config_json: Path) -> tuple[dict[str, object], dict[str, object]]:
+    """The config.json's top level and its `text_config` (multimodal configs), each {} when unreadable."""
     import json
 
     try:
         config = json.loads(config_json.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return {}, {}
+    if not isinstance(config, dict):
+        return {}, {}
     text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    for key in ("max_position_embeddings", "n_positions"):
-        for source in (config, text_config):
-            value = source.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
+    return config, text_config  # type: ignore[return-value]
+
+
+def _whole_field(sources: tuple[dict[str, object], ...], key: str) -> int | None:
+    for source in sources:
+        value = source.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
     return None
+
+
+def max_positions(config_json: Path) -> int | None:
+    """The model's position limit: max_position_embeddings or n_positions from config.json, else its config class's
+    default (Transformers fills it in when it loads the model: LlamaConfig's is 2048); None when neither says."""
+    sources = _config_fields(config_json)
+    for key in ("max_position_embeddings", "n_positions"):
+        value = _whole_field(sources, key)
+        if value is not None:
+            return value
+    if not sources[0].get("model_type"):
+        return None
+    try:
+        from transformers import AutoConfig
+
+        loaded = AutoConfig.from_pretrained(config_json.parent).get_text_config()
+    except Exception:  # noqa: BLE001 - a model type this transformers does not know: no class default to use
+        return None
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(loaded, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def check_plan_model(plan_path: str, hf_model: str) -> None:
+    """Refuse a `plan --serve --json` output made for another model than --hf-model (its `model_shape` differs from
+    the config.json's); a plan without `model_shape` (an older one) is not compared."""
+    import json
+
+    try:
+        shape = json.loads(Path(plan_path).read_text()).get("model_shape")
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, AttributeError):
+        return  # buckets_from_plan has already refused what it cannot read
+    if not isinstance(shape, dict):
+        return
+    sources = _config_fields(Path(hf_model) / "config.json")
+    differ = [f"{key} {shape[key]} vs {mine}" for key in MODEL_SHAPE_KEYS
+              if (mine := _whole_field(sources, key)) is not None and key in shape and shape[key] != mine]
+    if differ:
+        raise ValueError(f"--buckets-from {plan_path}: planned for another model than --hf-model {hf_model} "
+                         f"({', '.join(differ)}); run `torch-neuronx plan {hf_model} --serve --json PATH` and give "
+                         "that")
 
 
 def job_problem(command: list[str], cwd: Path | None) -> None:

@@ -16,7 +16,8 @@ plan.json``: the context buckets of ``plan --serve``) generation runs once per
 bucket instead: a prompt of 3/4 of the bucket's length, left-padded to it (as a
 serving stack pads a prompt to its context bucket, masked), a static cache of
 bucket + new tokens; first one warm-up call per bucket (each compiles the decode
-graph for its cache length), then one steady call per bucket (none may compile).
+graph for its cache length; Dynamo's recompile limit is raised to cover every
+bucket), then one steady call per bucket (none may compile).
 Tokens are recorded as ``generated_b{bucket}`` and ``generated_b{bucket}_warmup``.
 """
 
@@ -42,9 +43,14 @@ def load_tokenizer(model_dir: Path):  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(model_dir)
+        tok = AutoTokenizer.from_pretrained(model_dir)
     except (OSError, ValueError):  # a directory with weights only: the built-in word-level tokenizer
         return tiny_hf.tokenizer()
+    # transformers 5 may not raise for a directory without tokenizer files: it returns an empty tokenizer of the
+    # model's class (a Qwen2Tokenizer with one token, encoding any text to nothing); that is no tokenizer either
+    if len(tok) < 2 or len(tok(" ".join(PROMPTS))["input_ids"]) < 2:
+        return tiny_hf.tokenizer()
+    return tok
 
 
 def sft(model_dir: Path, device: str, out: Path, steps: int = HF_SFT_STEPS) -> None:
@@ -86,6 +92,9 @@ def bucket_prompt(tok, bucket: int, pad_id: int) -> tuple[torch.Tensor, torch.Te
     """A prompt of ``bucket - bucket // 4`` real tokens (the built-in prompts' words, repeated), left-padded to the
     bucket with `pad_id` and masked: ids and attention mask, each [1, bucket]."""
     words = tok(" ".join(PROMPTS), return_tensors="pt")["input_ids"][0]
+    if len(words) == 0:
+        raise ValueError("the tokenizer encodes the built-in prompts to no tokens; give a directory with a working "
+                         "tokenizer (or none: the built-in one is used)")
     real = bucket - bucket // 4
     ids = words.repeat(real // len(words) + 1)[:real]
     pad = torch.full((bucket - real,), pad_id, dtype=ids.dtype)
@@ -93,9 +102,21 @@ def bucket_prompt(tok, bucket: int, pad_id: int) -> tuple[torch.Tensor, torch.Te
     return torch.cat([pad, ids])[None], mask[None]
 
 
+def allow_one_graph_per_bucket(buckets: list[int]) -> None:
+    """Each bucket's static cache has its own length, so the decode step compiles once per bucket; Dynamo keeps at
+    most ``recompile_limit`` (8) graphs per code object and runs the rest eagerly, which would leave buckets 9+
+    uncompiled. Raise the limits to cover every bucket, with room for the workload's other graphs."""
+    import torch._dynamo.config as dynamo_config
+
+    need = len(buckets) + 8
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, need)
+    dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * need)
+
+
 def generate_buckets(model_dir: Path, device: str, buckets: list[int], new_tokens: int = HF_NEW_TOKENS) -> None:
     from transformers import AutoModelForCausalLM
 
+    allow_one_graph_per_bucket(buckets)
     tok = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                  device_map="neuron" if device == "neuron" else None)

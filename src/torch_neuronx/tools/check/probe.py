@@ -482,7 +482,9 @@ def _param_digest(params: Any) -> dict[str, Any]:
         except RuntimeError:  # tensors on several devices or of kinds foreach refuses: one at a time
             norms = [float(t.float().norm().cpu()) for t in tensors]
     digest = hashlib.sha256(json.dumps(norms).encode()).hexdigest()[:16]
-    return {"n": len(tensors), "norm": sum(v * v for v in norms) ** 0.5, "digest": digest, "sharded": sharded}
+    shapes = json.dumps([[list(t.shape), str(t.dtype)] for t in tensors])  # replicas share it; pipeline stages do not
+    return {"n": len(tensors), "norm": sum(v * v for v in norms) ** 0.5, "digest": digest, "sharded": sharded,
+            "structure": hashlib.sha256(shapes.encode()).hexdigest()[:16]}
 
 
 def _guard_expr(dynamo_reason: str) -> str:
@@ -553,7 +555,7 @@ def describe_wrappers(model: torch.nn.Module) -> dict[str, Any]:
     """How `model` is wrapped for distribution: DDP, FSDP (1 and 2), DTensor parameters, and wrapping twice."""
     from torch.nn.parallel import DistributedDataParallel
 
-    ddp, fsdp1, fsdp2, double = [], [], [], []
+    ddp, fsdp1, fsdp2, double, hooks = [], [], [], [], []
     fsdp2_cls = fsdp1_cls = None
     if torch.distributed.is_available():
         from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
@@ -564,6 +566,8 @@ def describe_wrappers(model: torch.nn.Module) -> dict[str, Any]:
         if isinstance(m, DistributedDataParallel):
             ddp.append(name or "<root>")
             kinds.append("DDP")
+            # the communication hooks (register_comm_hook): post_localSGD_hook lets replicas differ between averages
+            hooks += [getattr(h, "__qualname__", type(h).__name__) for h, _ in getattr(m, "_comm_hooks", [])]
         if fsdp1_cls is not None and isinstance(m, fsdp1_cls):
             fsdp1.append(name or "<root>")
             kinds.append("FSDP")
@@ -585,7 +589,7 @@ def describe_wrappers(model: torch.nn.Module) -> dict[str, Any]:
             dtensors += 1
             root = mesh._get_root_mesh()
             meshes.add((tuple(root.mesh.shape), tuple(root.mesh_dim_names or ())))
-    return {"model": type(model).__name__, "ddp": ddp, "fsdp": fsdp1, "fully_shard": fsdp2,
+    return {"model": type(model).__name__, "ddp": ddp, "fsdp": fsdp1, "fully_shard": fsdp2, "comm_hooks": hooks,
             "dtensor_parameters": dtensors, "parameters": sum(1 for _ in model.parameters()),
             "parameter_meshes": [{"shape": list(s), "names": list(n)} for s, n in sorted(meshes)],
             "double_wrapped": sorted(set(double))}
@@ -611,6 +615,36 @@ def _reference_backend(probe: Probe) -> None:
         torch._dynamo.register_backend(reference_backend, name="neuron")
     except Exception as e:  # the reference then runs the device's backend, as before; said in the events
         probe.emit("probe_error", where="reference_backend", message=f"{type(e).__name__}: {e}")
+
+
+
+def _reference_default_mesh(probe: Probe) -> None:
+    """In the reference run, FSDP2's default mesh (``fully_shard`` without ``mesh=``) is built on the CPU when the
+    job's process group has no backend for the accelerator's device type (``gloo`` on the CPU side): on a host
+    without Trainium ``torch._C._get_accelerator()`` is the CPU, but with the plugin loaded it is neuron, and the
+    reference's parameters would move to neuron and fail in the first collective ("No backend type associated
+    with device type neuron"). torch 2.13: torch/distributed/fsdp/_fully_shard/_fsdp_init.py, _init_default_mesh,
+    looked up by name in _fully_shard.py. A group that has a neuron backend keeps PyTorch's own default."""
+    try:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp._fully_shard import _fully_shard
+
+        default_mesh = _fully_shard._init_default_mesh
+
+        def reference_default_mesh(mesh_dim_names: tuple[str, ...] | None = None) -> Any:
+            if not dist.is_initialized():
+                dist.init_process_group()
+            group = dist.distributed_c10d._get_default_group()
+            try:
+                group._get_backend(torch.device(torch._C._get_accelerator().type))
+            except RuntimeError:  # no backend for that device type: a CPU group, a CPU mesh (as on a CPU host)
+                return init_device_mesh("cpu", (group.size(),), mesh_dim_names=mesh_dim_names)
+            return default_mesh(mesh_dim_names)
+
+        _fully_shard._init_default_mesh = reference_default_mesh
+    except Exception as e:  # FSDP2 missing or changed: the reference keeps PyTorch's default; said in the events
+        probe.emit("probe_error", where="reference_default_mesh", message=f"{type(e).__name__}: {e}")
 
 
 def install() -> Probe | None:
@@ -646,6 +680,7 @@ def install() -> Probe | None:
     rng.install(probe)
     if env.get("TORCH_NEURONX_CHECK_SIDE") == "reference":
         _reference_backend(probe)
+        _reference_default_mesh(probe)
     try:  # compiled random ops call the eager ones, so that they draw as eager code does (aligned by rng.py)
         import torch._inductor.config as inductor_config
 

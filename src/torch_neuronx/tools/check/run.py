@@ -196,8 +196,8 @@ def find_checkpoints(side: Side, cfg: CheckConfig, since: float) -> list[dict[st
     wanted: dict[str, dict[str, Any]] = {}
     out = str(cfg.out_dir.resolve())
     roots = [Path(cfg.cwd or ".").resolve()]
-    if cfg.hf_model:
-        roots.append((cfg.out_dir / "hf-neuron").resolve())
+    if cfg.hf_model:  # the built-in workload saves to <out>/hf-neuron, and to <out>/hf-cpu in the reference
+        roots.append((cfg.out_dir / ("hf-cpu" if side.name == "reference" else "hf-neuron")).resolve())
     written = [(f, kind) for root in roots for f, kind in _newer_files(root, since)]
     for run in side.ranks.values():
         for path, ev in run.saves.items():
@@ -230,6 +230,34 @@ def find_checkpoints(side: Side, cfg: CheckConfig, since: float) -> list[dict[st
             "safetensors" if p.suffix == ".safetensors" else "torch.save")
         wanted.setdefault(str(p), {"path": str(p), "kind": kind})
     return list(wanted.values())
+
+
+
+def pair_reference_files(items: list[dict[str, Any]], ref_items: list[dict[str, Any]]) -> None:
+    """Give each checkpoint the reference run did not write at the same path its reference version elsewhere:
+    the file whose path differs only by the device name (a job that saves to runs/{device}/model.pt writes
+    runs/cpu/model.pt in the reference), else, when exactly one unpaired file of that kind and name is left on
+    each side (runs/<timestamp>/model.pt), that one. Sets item["reference"] and says how in "reference_paired"."""
+    taken = {i["path"] for i in items} | {i["reference"] for i in items if i.get("reference")}
+    free = [r for r in ref_items if r["path"] not in taken and not r.get("buffer")]
+    unpaired = [i for i in items if not i.get("reference") and not i.get("buffer")]
+    for item in unpaired:
+        path = item["path"]  # one "neuron" replaced (the folder may hold the word too: /work/torch-neuronx), or all
+        swapped = {path[:m.start()] + "cpu" + path[m.end():] for m in re.finditer("neuron", path)}
+        swapped |= {path.replace("neuron", "cpu")} - {path}
+        match = next((r for r in free if r["path"] in swapped and r["kind"] == item["kind"]), None)
+        if match is not None:
+            item["reference"], item["reference_paired"] = match["path"], "the same path with cpu for neuron"
+            free.remove(match)
+    for item in [i for i in unpaired if not i.get("reference")]:
+        def same(x: dict[str, Any], ref: dict[str, Any] = item) -> bool:
+            return x["kind"] == ref["kind"] and Path(x["path"]).name == Path(ref["path"]).name
+        mine = [i for i in unpaired if not i.get("reference") and same(i)]
+        theirs = [r for r in free if same(r)]
+        if len(mine) == 1 and len(theirs) == 1:
+            item["reference"] = theirs[0]["path"]
+            item["reference_paired"] = f"the only other {Path(item['path']).name} the reference wrote"
+            free.remove(theirs[0])
 
 
 def _hf_dir(f: Path) -> Path | None:
@@ -415,6 +443,7 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
                 stash = Stash(cfg.out_dir)
                 stash.hide([i["path"] for i in items if not i.get("buffer") and not i["path"].startswith(
                     str(cfg.out_dir.resolve()) + os.sep)])
+                ref_started = time.time()
                 try:
                     ref = run_side("reference", launcher_argv(reference, nproc, cfg.out_dir / "reference-logs"),
                                    cfg, deadline)
@@ -422,6 +451,8 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
                     stash.restore()
                 for item in items:  # the reference's version of each checkpoint, kept aside, to compare with
                     item["reference"] = stash.reference_copy(item["path"])
+                    item["reference_expected"] = not item.get("buffer")
+                pair_reference_files(items, find_checkpoints(ref, cfg, ref_started))
             loaded = load_on_cpu(items, verdicts.PROBE_IDS, deadline, cfg.thresholds)
             for item in items:
                 item["loaded"] = loaded.get(item["path"], {"ok": False, "error": "not loaded"})
@@ -434,6 +465,8 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
             ref = side
         for item in items:
             item.setdefault("loaded", {"ok": False, "error": "not loaded: the check was interrupted"})
+        if skipped is None and reference is not None and ref is None:  # it had one; the interrupt came first
+            skipped = "the check was interrupted before it ran"
         e.doc = verdicts.judge(cfg, neuron, ref, items, reference_skipped=skipped)  # type: ignore[attr-defined]
         raise
     except BaseException:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from dataclasses import asdict
 from typing import Any
 
@@ -49,8 +51,10 @@ class Layer:
 def _close(a: float | None, b: float | None, rtol: float, atol: float) -> bool:
     if a is None or b is None:
         return a is b
-    if math.isnan(a) or math.isnan(b):
-        return False
+    if math.isnan(a) or math.isnan(b):  # NaN on both sides is the same outcome (the finiteness check fails it)
+        return math.isnan(a) and math.isnan(b)
+    if math.isinf(a) or math.isinf(b):
+        return a == b
     return abs(a - b) <= atol + rtol * abs(b)
 
 
@@ -167,8 +171,10 @@ def _against_reference(layer: Layer, neuron: Side, ref: Side | None, th: Thresho
             layer.add("fail", "loss_vs_reference", f"rank {rank}: the loss diverges from the reference at step "
                       f"{diverged}: {what}{_why_random(neuron, ref)}", rank=rank, step=diverged)
         elif pairs and any(a is not None for a, _ in pairs):
+            both = [i for i, (a, b) in enumerate(pairs) if a is not None and b is not None and not math.isfinite(a)]
+            same = f"; not finite on both sides from step {both[0]}" if both else ""
             layer.add("pass", "loss_vs_reference", f"rank {rank}: {len(pairs)} losses within tolerance of the "
-                      f"reference (max |difference| {max(diffs, default=0.0):.3g})", rank=rank,
+                      f"reference (max |difference| {max(diffs, default=0.0):.3g}{same})", rank=rank,
                       max_abs_diff=max(diffs, default=0.0))
         _params_vs_reference(layer, rank, mine_steps, their_steps, th)
         shape_step = next((i for i, (a, b) in enumerate(zip(mine_steps, their_steps, strict=False))
@@ -281,6 +287,8 @@ def _checkpoints(layer: Layer, neuron: Side, items: list[dict[str, Any]]) -> Non
                 problems.append(f"its logits on a fixed batch differ from the trained model's by {diff:.3g}")
         versus = got.get("vs_reference")
         problems += _vs_reference(versus)
+        if versus and item.get("reference_paired") and any("reference" in x for x in problems):
+            problems.append(f"its reference version is {item['reference']} (paired as {item['reference_paired']})")
         if problems:
             layer.add("fail", "checkpoint", f"{path}: " + "; ".join(problems), path=path,
                       worst=(versus or {}).get("worst"))
@@ -301,10 +309,16 @@ def _checkpoints(layer: Layer, neuron: Side, items: list[dict[str, Any]]) -> Non
             w = versus.get("worst") or {}
             worst = f"; worst {w['key']}: max |difference| {w['max_abs_diff']:.3g} (bound {w['bound']:.3g})" if w \
                 else ""
-            note += (f"; it matches the reference run's version: the same {versus['compared']} keys, shapes and "
-                     f"dtypes, values within tolerance{worst}")
-        elif item.get("reference_expected"):
-            note += "; the reference run wrote no version of it, so it was not compared"
+            paired = f" ({item['reference']}, paired as {item['reference_paired']})" \
+                if item.get("reference_paired") else ""
+            note += (f"; it matches the reference run's version{paired}: the same {versus['compared']} keys, shapes "
+                     f"and dtypes, values within tolerance{worst}")
+        elif item.get("reference_expected"):  # loads, but nothing was compared: a warning, never a pass
+            layer.add("warn", "checkpoint", f"{shown} loads on CPU in a fresh process without torch_neuronx and "
+                      f"{same}{note}, but it was not compared: the reference run wrote no version of it (at the "
+                      "same path, the path with cpu for neuron, or the only file of its name), or did not finish",
+                      path=path)
+            continue
         layer.add("pass", "checkpoint", f"{shown} loads on CPU in a fresh process without torch_neuronx and "
                   f"{same}{note}", path=path, worst=(versus or {}).get("worst"))
 
@@ -487,6 +501,19 @@ def _replicas(layer: Layer, neuron: Side, world: int) -> None:
     common = sorted(set.intersection(*(set(d) for d in digests.values())))
     if not common:
         return
+    local_sgd = sorted({h for run in ranks.values() for w in (run.end or {}).get("wrappers", [])
+                        for h in w.get("comm_hooks", []) if "localsgd" in h.lower()})
+    if local_sgd:  # torch.distributed.algorithms.model_averaging: replicas differ between periodic averages
+        layer.add("warn", "replicas", f"the replicas were not compared: DDP's {', '.join(local_sgd)} (local SGD) lets "
+                  "them differ between the periodic averages (PostLocalSGDOptimizer averages after the inner "
+                  "optimizer's step, where the checker reads the parameters)")
+        return
+    shapes = {r: (digests[r][common[0]]["n"], digests[r][common[0]].get("structure")) for r in sorted(ranks)}
+    if len(set(shapes.values())) > 1:  # other parameters on each rank (pipeline stages): not replicas
+        layer.add("info", "replicas", "not compared as replicas: the ranks' optimizers hold parameters of other "
+                  f"numbers or shapes ({', '.join(f'rank {r}: {n} tensors' for r, (n, _) in shapes.items())}), "
+                  "as pipeline stages do")
+        return
     first = min(ranks)
     for i in common:
         differ = [r for r in sorted(ranks) if digests[r][i]["digest"] != digests[first][i]["digest"]]
@@ -567,6 +594,9 @@ def operations(neuron: Side, th: Thresholds, timeout: float, ref: Side | None = 
             layer.add("fail", "oom" if oom else "crash", f"rank {rank} {what} in step {done} (after {done} "
                       f"completed step(s)): {e['message'][:600]}", rank=rank, step=done,
                       log_tail=run.log_tail[-2000:])
+        elif run.status == "stopped" and neuron.interrupted and not neuron.timed_out:  # the checker's own kill
+            layer.add("info", "interrupted", f"rank {rank} was in step {done} (after {done} completed step(s)) when "
+                      f"the checker killed it on {neuron.interrupted}", rank=rank, step=done)
         elif run.status == "stopped":
             exit_ = neuron.exits.get(rank, {})
             stopped_after = first_error is not None and run.stopped_at is not None and run.stopped_at > first_error
@@ -661,7 +691,11 @@ def _first_stop(layer: Layer, neuron: Side) -> None:
     if len(ranks) < 2 or neuron.timed_out:
         return
     bad = [r for r, run in ranks.items() if run.status != "ok"] + [r for r in neuron.exits if r in ranks]
-    early_ok = [r for r, run in ranks.items() if run.status == "ok" and any(ranks[b].status != "ok" for b in bad)]
+    # a rank that finished normally is a suspect (it may have left its peers' collective) unless a failed rank
+    # raised in its own code: that exception is the failure, not the consequence of a peer leaving
+    own = any(_raised_in_own_code(ranks[b]) for b in bad)
+    early_ok = [r for r, run in ranks.items() if run.status == "ok" and not own and
+                any(ranks[b].status != "ok" for b in bad)]
     if not bad:
         return
     candidates = {r: ranks[r].stopped_at for r in set(bad) | set(early_ok) if ranks[r].stopped_at is not None}
@@ -695,12 +729,28 @@ def _first_stop(layer: Layer, neuron: Side) -> None:
               f"{after}", rank=first, log_tail=run.log_tail[-2000:])
 
 
+
+def _raised_in_own_code(run: Any) -> bool:
+    """Whether the rank's first Python exception came from the job's own code (its traceback's innermost frame
+    outside torch and torch_neuronx: a KeyError in the script), not from inside a collective or a backward that a
+    peer's departure broke (gloo's "Connection closed by peer" surfaces in torch's frames)."""
+    if not run.errors:
+        return False
+    error = run.errors[0]
+    if any(word in error["type"] for word in ("Dist", "Connection", "Timeout")):
+        return False
+    frames = re.findall(r'File "([^"]+)", line', error.get("traceback") or "")
+    if not frames:
+        return False
+    return not any(f"{os.sep}{pkg}{os.sep}" in frames[-1] for pkg in ("torch", "torch_neuronx"))
+
+
 # ------------------------------------------------------------------ buckets (check --hf-model --buckets)
 def bucket_compilation(layer: Layer, neuron: Side, buckets: list[int]) -> None:
     """Per bucket of `--buckets`: the generate workload's last 2 x len(buckets) steps are one warm-up call per
-    bucket, then one steady call per bucket (tools/check/hf_workload.py). Each warm-up call may compile (its static
-    cache has a new length); no steady call may; the graphs compiled in all must equal the number of buckets, as on
-    Trainium, where each bucket is one compiled graph (docs/serve.md)."""
+    bucket, then one steady call per bucket (tools/check/hf_workload.py). Each warm-up call must compile (its static
+    cache has a new length; none compiled: the bucket ran eagerly); no steady call may; the graphs compiled in all
+    must equal the number of buckets, as on Trainium, where each bucket is one compiled graph (docs/serve.md)."""
     for rank, run in sorted(neuron.ranks.items()):
         steps = [s for s in run.steps if not s.get("final")]
         if len(steps) < 2 * len(buckets):
@@ -715,9 +765,10 @@ def bucket_compilation(layer: Layer, neuron: Side, buckets: list[int]) -> None:
             again = s.get("compile", {}).get("graphs", 0)
             late = max(again, len(s.get("compile", {}).get("recompiles", [])))
             total += graphs + again
-            layer.add("fail" if late else "pass", "bucket", f"rank {rank}: bucket {length}: {graphs} graph(s) "
-                      f"compiled in its first generate call, {late} compilation(s) in its steady-state call",
-                      rank=rank, bucket=length, graphs=graphs, steady_compiles=late)
+            eager = "" if graphs else " (it ran uncompiled: each bucket needs its own graph, as on Trainium)"
+            layer.add("fail" if late or not graphs else "pass", "bucket", f"rank {rank}: bucket {length}: {graphs} "
+                      f"graph(s) compiled in its first generate call, {late} compilation(s) in its steady-state call"
+                      f"{eager}", rank=rank, bucket=length, graphs=graphs, steady_compiles=late)
         verdict = "pass" if total == len(buckets) else "fail"
         layer.add(verdict, "buckets", f"rank {rank}: {total} graph(s) compiled for {len(buckets)} bucket(s) "
                   f"{buckets} (expected one per bucket)", rank=rank, graphs=total, buckets=list(buckets))

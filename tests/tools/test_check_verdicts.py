@@ -1,0 +1,239 @@
+"""`torch-neuronx check`'s verdicts fed recorded evidence in this process (no launch): the wrong verdicts of the
+rv29 review (a checkpoint never compared passing, non-replica ranks called drifted replicas, ...) each with a
+planted fault and its correct twin, and the refusals that must come before anything runs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from torch_neuronx.tools.check import verdicts
+from torch_neuronx.tools.check.config import CheckConfig, Side
+from torch_neuronx.tools.check.run import pair_reference_files
+
+JOBS = Path(__file__).with_name("check_jobs.py")
+
+
+# ------------------------------------------------------------------ rv29.4: too many ranks, default instance
+def test_too_many_ranks_for_the_default_instance_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCH_NEURONX_INSTANCE_TYPE", raising=False)
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+
+    def config(n: int, **kwargs: Any) -> CheckConfig:
+        return CheckConfig(command=[str(JOBS)], nproc_per_node=n, out_dir=tmp_path / "o", cwd=tmp_path, **kwargs)
+
+    # trn2.48xlarge (runtime/env.py's default): 16 chips x 8 physical cores, LNC=2 -> 64 logical cores
+    with pytest.raises(ValueError, match=r"--nproc-per-node 99: trn2.48xlarge has 64 NeuronCores"):
+        config(99).validate()
+    config(64).validate()  # the correct twin: one process per core
+    # the instance the job will emulate, from --env or the environment, sets the limit
+    with pytest.raises(ValueError, match=r"trn1.2xlarge has 2 NeuronCores"):
+        config(3, env={"TORCH_NEURONX_INSTANCE_TYPE": "trn1.2xlarge"}).validate()
+    monkeypatch.setenv("TORCH_NEURONX_INSTANCE_TYPE", "trn1.2xlarge")
+    with pytest.raises(ValueError, match=r"--reference-nproc-per-node 3: trn1.2xlarge"):
+        config(2, reference_nproc_per_node=3).validate()
+    config(2).validate()
+
+
+# ------------------------------------------------------------------ rv29.1: checkpoints with no reference version
+def _loaded_item(path: str, **extra: Any) -> dict[str, Any]:
+    return {"path": path, "kind": "torch.save", "saved": {}, "buffer": False,
+            "loaded": {"ok": True, "tensors": {"w": "d"}, "saved_from": ["cpu"]}, **extra}
+
+
+def _checkpoint_verdicts(items: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    layer = verdicts.Layer()
+    verdicts._checkpoints(layer, Side("neuron", ["job"]), items)
+    return [(e["verdict"], e["message"]) for e in layer.evidence]
+
+
+def test_a_checkpoint_the_reference_has_no_version_of_warns_not_passes() -> None:
+    # the fault (s7/s8 of rv29, or a reference that crashed): the reference ran, nothing was compared
+    [(verdict, message)] = _checkpoint_verdicts([_loaded_item("/w/runs/neuron/model.pt", reference_expected=True)])
+    assert verdict == "warn" and "it was not compared" in message
+    # the twins: compared and equal -> pass (saying how it was paired); compared and different -> fail
+    same = {"compared": 1, "missing": [], "extra": [], "shapes": [], "dtypes": [], "values": [], "worst": None}
+    item = _loaded_item("/w/runs/neuron/model.pt", reference_expected=True, reference="/w/runs/cpu/model.pt",
+                        reference_paired="the same path with cpu for neuron")
+    item["loaded"]["vs_reference"] = same
+    [(verdict, message)] = _checkpoint_verdicts([item])
+    assert verdict == "pass" and "paired as the same path with cpu for neuron" in message
+    item["loaded"]["vs_reference"] = {**same, "values": [["0.weight", 0.5, 1e-4]]}
+    [(verdict, message)] = _checkpoint_verdicts([item])
+    assert verdict == "fail" and "differ from the reference's" in message and "/w/runs/cpu/model.pt (paired" in message
+    # no reference at all (no {device}): the checkpoint check itself still passes; the layer warns elsewhere
+    [(verdict, _)] = _checkpoint_verdicts([_loaded_item("/w/model.pt")])
+    assert verdict == "pass"
+
+
+def test_reference_checkpoints_are_paired_by_device_name_or_a_unique_name() -> None:
+    def ref(path: str) -> dict[str, Any]:
+        return {"path": path, "kind": "torch.save"}
+
+    by_device = {"path": "/w/runs/neuron/model.pt", "kind": "torch.save"}
+    by_name = {"path": "/w/runs/20261205-020001/opt.pt", "kind": "torch.save"}
+    same_path = {"path": "/w/last.pt", "kind": "torch.save", "reference": "/o/reference-files/0/last.pt"}
+    pair_reference_files([by_device, by_name, same_path],
+                         [ref("/w/runs/cpu/model.pt"), ref("/w/runs/20261205-020004/opt.pt"), ref("/w/last.pt")])
+    assert by_device["reference"] == "/w/runs/cpu/model.pt"
+    assert by_name["reference"] == "/w/runs/20261205-020004/opt.pt" and "only other opt.pt" in by_name[
+        "reference_paired"]
+    assert same_path["reference"] == "/o/reference-files/0/last.pt"  # kept: the reference's own at that path
+    # the twin: two files of the same name on each side are ambiguous -> left unpaired (so the verdict warns)
+    a, b = {"path": "/w/r1/m.pt", "kind": "torch.save"}, {"path": "/w/r2/m.pt", "kind": "torch.save"}
+    pair_reference_files([a, b], [ref("/w/r3/m.pt"), ref("/w/r4/m.pt")])
+    assert "reference" not in a and "reference" not in b
+    # a folder that holds the word too (/w/torch-neuronx): only the device's own part is swapped
+    hf = {"path": "/w/torch-neuronx/check/hf-neuron/model.safetensors", "kind": "safetensors"}
+    pair_reference_files([hf], [ref("/w/torch-neuronx/check/hf-cpu/model.safetensors") | {"kind": "safetensors"}])
+    assert hf["reference"] == "/w/torch-neuronx/check/hf-cpu/model.safetensors"
+    # a different kind is never a pair
+    c = {"path": "/w/neuron/m.safetensors", "kind": "safetensors"}
+    pair_reference_files([c], [ref("/w/cpu/m.safetensors")])
+    assert "reference" not in c
+
+
+# ------------------------------------------------------------------ rv29.2: FSDP2's default mesh in the reference
+DEFAULT_MESH = """
+import sys
+import torch, torch.distributed as dist
+import torch_neuronx  # the plugin makes neuron the accelerator, as autoloading does
+from torch.distributed.fsdp._fully_shard import _fully_shard
+from torch_neuronx.tools.check import probe
+
+class Events:
+    def emit(self, event, **fields):
+        raise SystemExit(f"{event} {fields}")
+
+assert torch._C._get_accelerator().type == "neuron"
+dist.init_process_group(sys.argv[1], store=dist.HashStore(), rank=0, world_size=1)
+unpatched = _fully_shard._init_default_mesh().device_type
+probe._reference_default_mesh(Events())
+print(unpatched, _fully_shard._init_default_mesh().device_type)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("backend, expected", [("gloo", "cpu"), ("cpu:gloo,neuron:neuron", "neuron")])
+def test_the_reference_builds_fsdp2s_default_mesh_on_the_cpu(tmp_path: Path, backend: str, expected: str) -> None:
+    # The fault (rv29 f1..f5): in the CPU reference (gloo) fully_shard's default mesh followed the plugin's
+    # accelerator to neuron, so the reference's parameters moved to neuron and its first collective failed. The
+    # reference's patch builds it on the CPU, as on a host without Trainium; a group with a neuron backend (the
+    # correct twin: the neuron run) keeps PyTorch's own default. A process of its own: a process group and the
+    # device's visible cores are process state.
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_NEURONX_CHECK")}
+    out = subprocess.run([sys.executable, "-c", DEFAULT_MESH, backend], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["neuron", expected]  # PyTorch's default first, then the reference's
+
+
+# ------------------------------------------------------------------ rv29.3: ranks that are not replicas
+def _rank(digests: list[str], structure: str, wrapper: dict[str, Any]) -> Any:
+    from types import SimpleNamespace
+
+    steps = [{"i": i, "params": {"n": 2, "norm": 1.0 + i, "digest": d, "structure": structure}}
+             for i, d in enumerate(digests)]
+    end = {"wrappers": [{"model": "M", **wrapper}], "comm": {"all_reduce": {"calls": 3, "bytes": 12}}}
+    return SimpleNamespace(steps=steps, end=end)
+
+
+def _replica_verdicts(*runs: Any) -> list[str]:
+    side = Side("neuron", ["job"])
+    side.ranks = dict(enumerate(runs))
+    layer = verdicts.Layer()
+    verdicts._replicas(layer, side, len(runs))
+    return [f"{e['verdict']}: {e['message']}" for e in layer.evidence]
+
+
+def test_only_ranks_holding_the_same_parameters_are_compared_as_replicas() -> None:
+    plain, ddp = {"ddp": []}, {"ddp": ["<root>"]}
+    # the faults: a plain model kept in step by all-reduces drifts at step 2 (rv29 d1), a DDP replica drifts
+    [v] = _replica_verdicts(_rank(["a", "b", "c"], "s", plain), _rank(["a", "b", "X"], "s", plain))
+    assert v.startswith("fail: replicas drifted apart at step 2")
+    [v] = _replica_verdicts(_rank(["a", "X"], "s", ddp), _rank(["a", "b"], "s", ddp))
+    assert v.startswith("fail: replicas drifted apart at step 1")
+    # the twins: identical replicas pass
+    [v] = _replica_verdicts(_rank(["a", "b"], "s", ddp), _rank(["a", "b"], "s", ddp))
+    assert v.startswith("pass: the 2 replicas hold identical parameters")
+    # rv29 d7: pipeline stages (other shapes on each rank, the loss all-reduced for logging) are not replicas
+    [v] = _replica_verdicts(_rank(["a", "b"], "stage0", plain), _rank(["c", "d"], "stage1", plain))
+    assert v.startswith("info: not compared as replicas") and "fail" not in v
+    # rv29 d8: local SGD (DDP's post_localSGD_hook) lets replicas differ between averages: not compared, said
+    hook = {"ddp": ["<root>"], "comm_hooks": ["post_localSGD_hook"]}
+    [v] = _replica_verdicts(_rank(["a", "b"], "s", hook), _rank(["a", "c"], "s", hook))
+    assert v.startswith("warn: the replicas were not compared: DDP's post_localSGD_hook")
+
+
+# ------------------------------------------------------------------ rv29.6: blame the rank that raised
+def _stopped(status: str, at: float, error: tuple[str, str] | None = None) -> Any:
+    from types import SimpleNamespace
+
+    errors = [{"type": error[0], "message": "boom", "traceback": f'Traceback (most recent call last):\n  File '
+               f'"{error[1]}", line 10, in <module>\n'}] if error else []
+    return SimpleNamespace(status=status, stopped_at=at, errors=errors, launched=100.0, steps=[{}] * 5, log_tail="")
+
+
+def _first_stop(*runs: Any) -> list[dict[str, Any]]:
+    side = Side("neuron", ["job"])
+    side.ranks = dict(enumerate(runs))
+    layer = verdicts.Layer()
+    verdicts._first_stop(layer, side)
+    return layer.evidence
+
+
+def test_a_rank_that_finished_is_not_blamed_ahead_of_one_that_raised_in_its_own_code() -> None:
+    # rv29 f5: rank 0 finished (code 0) a moment before rank 1 raised KeyError in the script: no first_stop
+    # blaming rank 0 (rank 1's crash is reported by the crash check)
+    assert _first_stop(_stopped("ok", 110.3), _stopped("error", 110.4, ("builtins.KeyError", "/w/job.py"))) == []
+    # the twin (the launched test_the_first_rank_to_stop_is_blamed_not_the_survivor): a rank that left early
+    # while its peer then failed inside torch's collective is blamed first
+    gloo = ("builtins.RuntimeError", "/usr/lib/python3.11/site-packages/torch/autograd/graph.py")
+    [e] = _first_stop(_stopped("ok", 103.0), _stopped("error", 104.0, gloo))
+    assert e["rank"] == 0 and "exited normally (code 0)" in e["message"] and "ranks [1] failed after it" in \
+        e["message"]
+
+
+# ------------------------------------------------------------------ rv29.5: an interrupted check
+def test_an_interrupted_rank_is_not_a_second_failure(tmp_path: Path) -> None:
+    import json
+
+    from torch_neuronx.tools.check.config import Thresholds
+    from torch_neuronx.tools.check.results import read_run
+
+    events = tmp_path / "ev"
+    events.mkdir()
+    lines = [{"e": "start", "t": 0.0, "launched": 0.0}, {"e": "first_forward", "t": 1.0}]
+    lines += [{"e": "step", "t": 2.0 + i, "i": i, "loss": 1.0, "losses": [1.0], "finite": True} for i in range(7)]
+    (events / "rank0.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")  # no end: it was killed
+
+    def crashes(interrupted: str | None) -> list[tuple[str, str]]:
+        side = Side("neuron", ["job"], returncode=143, interrupted=interrupted, ranks=read_run(events))
+        layer = verdicts.operations(side, Thresholds(), 300.0)
+        return [(e["verdict"], e["check"]) for e in layer.evidence if e["check"] in ("crash", "interrupted")]
+
+    # rv29 p3: SIGINT at 15 s; the rank the checker killed is said once (the interrupt), not a crash too
+    assert crashes("SIGINT") == [("fail", "interrupted"), ("info", "interrupted")]
+    # the twin: the same rank gone without the checker's signal is a crash
+    assert crashes(None) == [("fail", "crash")]
+    # and the reference that the interrupt came before is said to be skipped for it, not missing from the command
+    layer = verdicts.correctness(Side("neuron", ["job"], ranks=read_run(events)), None, [], Thresholds(),
+                                 reference_skipped="the check was interrupted before it ran")
+    [e] = [x for x in layer.evidence if x["check"] == "reference"]
+    assert "reference skipped: the check was interrupted" in e["message"] and "{device}" not in e["message"]
+
+
+# ------------------------------------------------------------------ rv29.7: NaN on both sides is no divergence
+def test_a_nan_the_reference_has_too_is_not_a_divergence() -> None:
+    nan, inf = float("nan"), float("inf")
+    assert verdicts._close(nan, nan, 1e-3, 1e-4) and verdicts._close(inf, inf, 1e-3, 1e-4)  # rv29 s2: same NaN
+    # the faults: non-finite on one side only, or infinities of other signs
+    assert not verdicts._close(nan, 1.0, 1e-3, 1e-4) and not verdicts._close(1.0, nan, 1e-3, 1e-4)
+    assert not verdicts._close(inf, -inf, 1e-3, 1e-4) and not verdicts._close(inf, 1e300, 1e-3, 1e-4)
+    assert verdicts._close(1.0, 1.0005, 1e-3, 1e-4) and not verdicts._close(1.0, 1.01, 1e-3, 1e-4)
