@@ -127,7 +127,8 @@ CASES = {
                     ["a = neuron_mesh_reduce('acc', acc, np.mean)"]),
     "spawn": ("import torch_xla.distributed.xla_multiprocessing as xmp\nif __name__ == '__main__':\n"
               "    xmp.spawn(_mp_fn, args=(flags,), nprocs=8)\n",
-              ['    if "WORLD_SIZE" in os.environ:', '        torch.distributed.init_process_group("neuron")',
+              ['    if "WORLD_SIZE" in os.environ and not torch.distributed.is_initialized():',
+               '        torch.distributed.init_process_group("neuron")',
                '    _mp_fn(int(os.environ.get("RANK", "0")), flags)']),
     "inside f-strings": ("import torch_xla.core.xla_model as xm\nprint(f\"rank {xm.get_ordinal()}\")\n"
                          "print(f'{xm.xla_device()}')\n",
@@ -135,7 +136,8 @@ CASES = {
                           "print(f'{torch.device(\"neuron\", int(os.environ.get(\"LOCAL_RANK\", \"0\")))}')"]),
     "spawn in a one-line suite": ("import torch_xla.distributed.xla_multiprocessing as xmp\n"
                                   "if __name__ == '__main__': xmp.spawn(main)\n",
-                                  ['if __name__ == \'__main__\':\n    if "WORLD_SIZE" in os.environ:']),
+                                  ['if __name__ == \'__main__\':\n    if "WORLD_SIZE" in os.environ and not '
+                                   'torch.distributed.is_initialized():']),
 }
 
 

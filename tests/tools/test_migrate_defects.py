@@ -641,17 +641,20 @@ def test_d5_the_device_is_indexed_so_a_moved_tensor_compares_equal(monkeypatch: 
     assert 'device = torch.device("cpu")\n' in cpu  # the CPU twin: CPU tensors carry no index
 
 
-def test_d6_a_step_closure_runs_where_the_next_mark_step_was(monkeypatch: pytest.MonkeyPatch) -> None:
-    """XLA runs step closures after mark_step's graph: one added before `opt.step()` sees the updated weight
-    (it ran at once: 4.0 instead of 0.0)."""
+def test_d6_a_step_closure_is_called_where_added_and_flagged_unless_a_mark_step_follows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """XLA runs step closures after mark_step's graph: one added before `opt.step()` saw the updated weight. The
+    tool calls it where it was added (0.0, not XLA's 4.0) and flags it; one right before its mark_step is the same
+    as XLA's and is not flagged (rv32b guidance: flag, never move)."""
     code = (XM + "import torch\nseen = []\nw = torch.nn.Parameter(torch.ones(4))\n"
             "opt = torch.optim.SGD([w], lr=0.5)\n(w * 2).sum().backward()\n"
             "xm.add_step_closure(lambda p: seen.append(float(p.detach().sum())), args=(w,))\nopt.step()\n"
-            "# cut the graph\nxm.mark_step()\nxm.add_step_closure(lambda: seen.append('after'))\n")
-    out = migrate_python(code, target=CPU).code
-    assert out.index("opt.step()") < out.index("(lambda p: seen.append")  # moved to the mark_step
-    assert _run(out, {}, monkeypatch)["seen"] == [0.0, "after"]  # the twin: after the last mark_step, in place
-    assert migrate_python(out, target=CPU).code == out
+            "xm.add_step_closure(lambda: seen.append('before'))\n# cut the graph\nxm.mark_step()\n")
+    res = migrate_python(code, target=CPU)
+    assert [(f.rule, f.line) for f in res.flags] == [("xla-step-closure", 7)]
+    assert res.code.index("(lambda p: seen.append") < res.code.index("opt.step()")  # in place, not moved
+    assert _run(res.code, {}, monkeypatch)["seen"] == [4.0, "before"]
+    assert migrate_python(res.code, target=CPU).code == res.code
     elsewhere = migrate_python(XM + "def train_step():\n    xm.add_step_closure(log, args=(w,))\n    opt.step()\n"
                                     "train_step()\nxm.mark_step()\n")  # its mark_step is in the caller: flagged
     assert [f.rule for f in elsewhere.flags] == ["xla-step-closure"] and "    log(w)\n    opt.step()" in elsewhere.code
@@ -746,3 +749,161 @@ def test_d14_move_model_to_device_is_model_to(monkeypatch: pytest.MonkeyPatch) -
     assert _run(res.code, {}, monkeypatch)["model"].weight.dtype == torch.float32
     value = migrate_python(code.replace("\nmove_model_to_device(", "\nm = move_model_to_device("))
     assert value.flags  # the twin: used as a value (NxD returns None), flagged
+
+
+# ------------------------------------------------------------------ rv32b: the third review of migrate
+
+def test_rv32b_1_an_enclosing_functions_xm_is_left_alone_and_a_tool_error_spares_the_other_files(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Python's scoping: `inner` reads (or `nonlocal`-binds) `outer`'s xm, not the import. It raised KeyError."""
+    rec = "class Recorder:\n    def mark_step(self):\n        pass\n    def get_ordinal(self):\n        return 42\n"
+    enclosing = (XM + rec + "def outer():\n    xm = Recorder()\n    def inner():\n        xm.mark_step()\n"
+                 "        return xm.get_ordinal()\n    return inner()\n")
+    nonlocal_ = (XM + rec + "def outer():\n    xm = None\n    def inner():\n"
+                 "        nonlocal xm\n        xm = Recorder()\n        xm.mark_step()\n"
+                 "        return xm.get_ordinal()\n    return inner()\n")
+    for code in (enclosing, nonlocal_):
+        res = migrate_python(code)
+        assert "        xm.mark_step()\n        return xm.get_ordinal()\n" in res.code and not res.flags
+        assert _run(res.code, {}, monkeypatch)["outer"]() == 42
+    twin = migrate_python(XM + "def outer():\n    def inner():\n        xm.mark_step()\n    inner()\n").code
+    assert "xm.mark_step()" not in twin  # the twin: the import's xm is still migrated
+    import torch_neuronx.tools.migrate.engine as engine
+
+    def boom(code: str, target: object) -> object:
+        raise KeyError("simulated tool bug")
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.py").write_text(XM + "xm.mark_step()\n")
+    (tmp_path / "in" / "b.sh").write_text("XLA_USE_BF16=1 python a.py\n")
+    monkeypatch.setattr(engine, "migrate_python", boom)
+    results = engine.migrate_paths([tmp_path / "in"], out_dir=tmp_path / "out")
+    errors = {Path(m.report.path).name: m.report.error for m in results}
+    assert "internal error: KeyError" in (errors["a.py"] or "") and errors["b.sh"] is None
+    assert (tmp_path / "out" / "b.sh").exists() and not (tmp_path / "out" / "a.py").exists()
+
+
+def _closure_rules(code: str) -> list[tuple[str, int]]:
+    return [(f.rule, f.line) for f in migrate_python(code, target=CPU).flags]
+
+
+def test_rv32b_2_3_4_10_a_closure_not_right_before_its_mark_step_is_flagged_and_called_in_place(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch_xla binds a closure's callee and arguments when it is added (add_step_closure:
+    `lambda a=args: closure(*a)`). Moving the call to the mark_step read late arguments (2), lost it on `continue`
+    (3), and left those in nested blocks unflagged (4, 10); now each is called in place and flagged."""
+    late = (XM + "seen = []\nfor step in range(2):\n    xm.add_step_closure(seen.append, args=(step,))\n"
+            "    step += 10\n    xm.mark_step()\ncb = lambda: seen.append('first')\nxm.add_step_closure(cb)\n"
+            "cb = lambda: seen.append('second')\nxm.mark_step()\n")
+    res = migrate_python(late, target=CPU)
+    assert [(f.rule, f.line) for f in res.flags] == [("xla-step-closure", 4), ("xla-step-closure", 8)]
+    assert _run(res.code, {}, monkeypatch)["seen"] == [0, 1, "first"]  # XLA's values
+    cont = (XM + "seen = []\nfor i in range(2):\n    xm.add_step_closure(seen.append, args=(i,))\n"
+            "    if i == 0:\n        continue\n    xm.mark_step()\n")
+    res = migrate_python(cont, target=CPU)
+    assert _run(res.code, {}, monkeypatch)["seen"] == [0, 1] and [f.line for f in res.flags] == [4]
+    nested = (XM + "def log_it():\n    xm.add_step_closure(print)\nfor s in range(1):\n    if s == 0:\n"
+              "        xm.add_step_closure(print, args=(s,))\n    log_it()\n    xm.mark_step()\n")
+    assert _closure_rules(nested) == [("xla-step-closure", 3), ("xla-step-closure", 6)]
+    one_line = XM + "seen = []\nxm.add_step_closure(seen.append, args=(1,)); seen.append(0); xm.mark_step()\n"
+    res = migrate_python(one_line, target=CPU)
+    assert [(f.rule, f.line) for f in res.flags] == [("xla-step-closure", 3)] and TODO in res.code
+    suite = XM + "if True: xm.add_step_closure(print)\nxm.mark_step()\n"
+    assert _closure_rules(suite) == [("xla-step-closure", 2)]
+    twin = (XM + "seen = []\nfor i in range(2):\n    seen.append(-i)\n    xm.add_step_closure(seen.append, args=(i,))\n"
+            "    xm.add_step_closure(seen.append, args=(i + 10,))\n    # cut\n    xm.mark_step()\n")
+    res = migrate_python(twin, target=CPU)  # the twin: closures right before their mark_step, the same as XLA
+    assert not res.flags and _run(res.code, {}, monkeypatch)["seen"] == [0, 0, 10, -1, 1, 11]
+    assert migrate_python(res.code, target=CPU).code == res.code
+
+
+def test_rv32b_5_6_the_optional_import_idiom_takes_the_neuron_branch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`try: import ... as xm / except ImportError: xm = None`, then `xm is not None`: in a function the import
+    became `pass` and `xm` was unbound (UnboundLocalError); at module level the branch on the migrated device was
+    dead (CPU). The test is now `True`, so the migrated XLA branch runs, as it ran under torch_xla."""
+    in_fn = ("import os\ndef rank():\n    try:\n        import torch_xla.core.xla_model as xm\n"
+             "    except ImportError:\n        xm = None\n    return xm.get_ordinal() if xm is not None else -1\n")
+    res = migrate_python(in_fn)
+    assert "return int(os.environ.get(\"RANK\", \"0\")) if True else -1" in res.code and not res.flags
+    assert _run(res.code, {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}, monkeypatch)["rank"]() == 1
+    module = ("import torch\ntry:\n    import torch_xla.core.xla_model as xm\nexcept (ModuleNotFoundError, OSError):\n"
+              "    xm = None\ndevice = xm.xla_device() if xm is None else torch.device('cpu')\n")
+    res = migrate_python(module, target=CPU)
+    assert "if False else torch.device('cpu')" in res.code and not res.flags
+    assert str(_run(res.code, {}, monkeypatch)["device"]) == "cpu"
+    twin = "import torch_xla.core.xla_model as xm\ntry:\n    pass\nexcept ValueError:\n    xm = None\n"
+    assert "no-rewrite" in rules(twin)  # the twin: not an optional import's fallback, still flagged
+
+
+def test_rv32b_7_9_master_print_with_a_walrus_or_star_evaluates_on_every_rank(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """torch_xla's master_print is a plain function: `y := 3` binds y and `*it` exhausts `it` on every rank. Both
+    went under `if RANK == 0:` (y unbound elsewhere) or were left unrewritten (`*parts`, against the table)."""
+    code = (XM + "it = iter(['a', 'b'])\nxm.master_print(y := 3)\nxm.master_print(*it)\nleft = list(it)\n"
+            "xm.master_print(*(str(p) for p in [1, 2]), local=True)\n")
+    res = migrate_python(code)
+    assert not res.flags and "neuron_master_print(y := 3)" in res.code and "neuron_master_print(*it)" in res.code
+    got = _run(res.code, {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}, monkeypatch)
+    assert got["y"] == 3 and got["left"] == [] and capsys.readouterr().out == "1 2\n"  # only the local master's line
+    assert "no-rewrite" in rules(XM + "xm.master_print(**kw)\n")  # the twin: which keywords it passes is unknown
+    plain = migrate_python(XM + "xm.master_print('a', 1)\n").code
+    assert 'if int(os.environ.get("RANK", "0")) == 0:\n    print(\'a\', 1, flush=True)' in plain
+
+
+def test_rv32b_8_a_second_launch_reuses_the_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two `torch_xla.launch` calls each got `init_process_group`: the second raised 'initialize the default
+    process group twice'."""
+    from torch_neuronx.testing.workers import free_port
+
+    code = ("import torch_xla\nimport torch\nseen = []\ndef train(i):\n    seen.append(('t', i))\n"
+            "def evaluate(i):\n    seen.append(('e', i, torch.distributed.get_world_size()))\n"
+            "torch_xla.launch(train)\ntorch_xla.launch(evaluate)\n")
+    res = migrate_python(code, target=CPU)
+    assert res.code.count('if "WORLD_SIZE" in os.environ and not torch.distributed.is_initialized():') == 2
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    try:
+        got = _run(res.code, {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}, monkeypatch)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    assert got["seen"] == [("t", 0), ("e", 0, 1)]
+
+
+def test_rv32b_optimizer_step_with_groups_is_flagged_and_left_as_reduce_gradients() -> None:
+    """Both average over a sub-group with `groups=`: flagged and left unrewritten alike (it was averaged over the
+    whole world and flagged)."""
+    for call in ("xm.optimizer_step(opt.inner, groups=g)", "xm.reduce_gradients(opt, groups=g)",
+                 "y = xm.optimizer_step(opt, groups=[[0, 1]])"):
+        res = migrate_python(XM + call + "\n")
+        assert call in res.code and "neuron_average_gradients" not in res.code, call
+        assert {f.rule for f in res.flags} == {"xla-groups", "import-kept"}
+    twin = migrate_python(XM + "xm.optimizer_step(opt, groups=[])\n").code  # the whole world
+    assert "neuron_average_gradients(opt)\nopt.step()" in twin
+
+
+def test_rv32b_12_a_class_body_xm_shadows_the_import_in_that_body_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python's scoping: a class body's `xm = Recorder()` is what its later statements read; its methods read
+    the module's `xm` (class scopes do not reach into functions)."""
+    code = (XM + "class Recorder:\n    def get_ordinal(self):\n        return 42\n"
+            "class D:\n    xm = Recorder()\n    v = xm.get_ordinal()\n    def rank(self):\n"
+            "        return xm.get_ordinal()\n")
+    res = migrate_python(code)
+    assert "    v = xm.get_ordinal()\n" in res.code and not res.flags
+    assert '        return int(os.environ.get("RANK", "0"))\n' in res.code  # the twin: the method's xm is the import
+    got = _run(res.code, {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}, monkeypatch)
+    assert got["D"].v == 42 and got["D"]().rank() == 1
+
+
+def test_rv32b_11_a_mixed_eol_notebook_keeps_each_unchanged_lines_ending() -> None:
+    nb = _notebook("import torch\nprint(1)\n", XM + "d = xm.xla_device()\n")
+    lines = nb.split("\n")
+    mixed = "".join(ln + ("\r\n" if i % 2 else "\n") for i, ln in enumerate(lines[:-1])) + lines[-1]
+    res = migrate_source(mixed, "notebook").result
+    old, new = mixed.splitlines(keepends=True), res.splitlines(keepends=True)
+    kept = {ln.rstrip("\r\n") for ln in old} & {ln.rstrip("\r\n") for ln in new}
+    assert res != mixed and kept
+    by_text = {ln.rstrip("\r\n"): ln for ln in old}
+    assert all(ln == by_text[ln.rstrip("\r\n")] for ln in new if ln.rstrip("\r\n") in kept
+               and sum(o.rstrip("\r\n") == ln.rstrip("\r\n") for o in old) == 1)  # unchanged lines: same bytes
+    assert migrate_source(res, "notebook").result == res  # idempotent

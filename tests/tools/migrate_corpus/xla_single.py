@@ -52,8 +52,8 @@ def main():
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
-        xm.mark_step()  # XLA: cut the graph and run it
         xm.add_step_closure(log_step, args=(step, loss))
+        xm.mark_step()  # XLA: cut the graph and run it
         losses.append(loss.item())
 
     xm.wait_device_ops()

@@ -76,6 +76,9 @@ def migrate_source(code: str, kind: str = "python", target: Target = NEURON, pat
     except RecursionError:
         rep.error = "the file nests too deeply to parse (the file was left untouched)"
         return m
+    except Exception as e:  # noqa: BLE001 - a tool bug on one file must not abort the others (docs: bad files)
+        rep.error = (f"internal error: {type(e).__name__}: {e} (the file was left untouched); please report it")
+        return m
     if kind == "python" and out != code:
         try:  # the last guard of "the output always parses"
             ast.parse(out)

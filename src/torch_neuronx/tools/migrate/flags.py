@@ -135,6 +135,7 @@ XLA_TEST = FlagRule(
 
 # torch_xla/core/xla_model.py: add_step_closure queues the closure; mark_step runs the queue after the step's graph
 STEP_CLOSURE = FlagRule(
-    "xla-step-closure", "XLA ran this step closure at the next mark_step, after the optimizer step below it; it now "
-    "runs here, before that step, and sees the values from before it.",
-    "call it after the optimizer step (where the step's mark_step was).")
+    "xla-step-closure", "XLA called this step closure at the next mark_step (after the optimizer step, the rest "
+    "of the loop body or a `continue`, whatever ran before it); it is now called here, at once, with the values "
+    "its arguments have here.",
+    "check that nothing it reads changes before the next mark_step, or move the call to where that mark_step was.")

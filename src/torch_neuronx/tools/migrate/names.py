@@ -129,7 +129,8 @@ class RefTracking:
         self._stmts: list[cst.CSTNode] = []
         self.import_lines: dict[str, int] = {}  # an import's code -> its line
         self._not_refs: set[int] = set()  # names that are not references: attributes' names, keywords
-        self._shadowed: list[set[str]] = []  # per enclosing function: imported names it binds locally
+        # per enclosing function or class (True): the imported names it binds locally
+        self._shadowed: list[tuple[bool, set[str]]] = []
 
     def _line_of(self, node: cst.CSTNode) -> int:
         return self.get_metadata(PositionProvider, node).start.line  # type: ignore[attr-defined]
@@ -148,11 +149,11 @@ class RefTracking:
             self._not_refs.add(id(node.keyword))
         elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             self._not_refs.add(id(node.name))
-        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
-            self._shadowed.append(local_names(node) & set(self.aliases.names))
+        if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            self._shadowed.append((isinstance(node, cst.ClassDef), local_names(node) & set(self.aliases.names)))
         if isinstance(node, (cst.Name, cst.Attribute)) and id(node) not in self._not_refs:
             root = _root_name(node)
-            if root is not None and any(root in names for names in self._shadowed):  # a local `xm`: not the import
+            if root is not None and self._is_shadowed(root):  # a local `xm`: not the import
                 return False if isinstance(node, cst.Name) else None
             qn = self.aliases.qualname(node)
             if in_family(qn) and self._stmts:
@@ -165,10 +166,16 @@ class RefTracking:
                 return False
         return None
 
+    def _is_shadowed(self, name: str) -> bool:
+        """Python's scoping: an enclosing function's binding is seen by the functions nested in it; a class
+        body's binding only by the class body's own statements, not by its methods (rv32b item 12)."""
+        last = len(self._shadowed) - 1
+        return any(name in names for i, (is_class, names) in enumerate(self._shadowed) if not is_class or i == last)
+
     def track_leave(self, node: cst.CSTNode) -> None:
         if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             self._stmts.pop()
-        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
+        if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
             self._shadowed.pop()
 
 
@@ -187,6 +194,13 @@ def _target_names(node: cst.CSTNode) -> set[str]:
     if isinstance(node, cst.StarredElement):
         return _target_names(node.value)
     return set()
+
+
+def catches_import_error(handler: cst.ExceptHandler) -> bool:
+    """`except ImportError:`, `except (ModuleNotFoundError, OSError):`."""
+    caught = handler.type
+    kinds = [e.value for e in caught.elements] if isinstance(caught, cst.Tuple) else [caught] if caught else []
+    return any(isinstance(k, cst.Name) and k.value in ("ImportError", "ModuleNotFoundError") for k in kinds)
 
 
 class _LocalBinder(cst.CSTVisitor):
@@ -228,6 +242,11 @@ class _LocalBinder(cst.CSTVisitor):
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
         return False
 
+    def visit_ExceptHandler(self, node: cst.ExceptHandler) -> bool:
+        """`except ImportError: xm = None`, the fallback of an optional import, binds no local `xm` of its own:
+        the function's `xm` is the import (rv32b item 5)."""
+        return not catches_import_error(node)
+
     def visit_Global(self, node: cst.Global) -> None:
         self.declared_global |= {n.name.value for n in node.names}
 
@@ -246,11 +265,12 @@ class _LocalBinder(cst.CSTVisitor):
         return False
 
 
-def local_names(node: cst.FunctionDef | cst.Lambda) -> set[str]:
+def local_names(node: cst.FunctionDef | cst.Lambda | cst.ClassDef) -> set[str]:
     """The names `node` binds locally, which shadow the module's imports of the same names inside it."""
     binder = _LocalBinder()
-    node.params.visit(binder)
-    if isinstance(node, cst.FunctionDef):
+    if not isinstance(node, cst.ClassDef):
+        node.params.visit(binder)
+    if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
         node.body.visit(binder)
     return binder.names - binder.declared_global
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import difflib
 import json
 import re
 from dataclasses import dataclass, field
@@ -192,7 +193,26 @@ def _dump_like(nb: dict[str, Any], original: str) -> str:
     text = json.dumps(nb, indent=None if compact else (indent or 1), ensure_ascii=ascii_only) + end
     # line endings: a CRLF notebook (written on Windows) stays CRLF; JSON escapes the newlines inside strings,
     # so every newline of `text` is a layout one
-    return text.replace("\n", "\r\n") if "\r\n" in original else text
+    return _endings_like(text, original) if "\r\n" in original else text
+
+
+def _endings_like(text: str, original: str) -> str:
+    """`text` (LF) with each line that is also in `original` ending as it ended there, and the new lines with the
+    ending most of `original`'s lines have (a notebook with mixed CRLF / LF keeps its unchanged lines' bytes)."""
+    old_lines = original.splitlines(keepends=True)
+    new_lines = text.splitlines(keepends=True)
+    crlf = sum(ln.endswith("\r\n") for ln in old_lines)
+    usual = "\r\n" if 2 * crlf >= len(old_lines) else "\n"
+    out = [ln[:-1] + usual if ln.endswith("\n") else ln for ln in new_lines]
+    stripped_old = [ln.rstrip("\r\n") for ln in old_lines]
+    stripped_new = [ln.rstrip("\r\n") for ln in new_lines]
+    matcher = difflib.SequenceMatcher(None, stripped_old, stripped_new, autojunk=False)
+    for block in matcher.get_matching_blocks():
+        for k in range(block.size):
+            old, new = old_lines[block.a + k], new_lines[block.b + k]
+            if new.endswith("\n") and old.endswith("\n"):
+                out[block.b + k] = old
+    return "".join(out)
 
 
 def _mentions_family(src: str, aliases: Aliases) -> bool:

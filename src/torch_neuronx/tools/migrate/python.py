@@ -27,7 +27,15 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from torch_neuronx.tools.migrate import flags as flagmod
 from torch_neuronx.tools.migrate import helpers as helpermod
-from torch_neuronx.tools.migrate.names import Aliases, Ref, RefTracking, dotted, in_family, module_name
+from torch_neuronx.tools.migrate.names import (
+    Aliases,
+    Ref,
+    RefTracking,
+    catches_import_error,
+    dotted,
+    in_family,
+    module_name,
+)
 from torch_neuronx.tools.migrate.registry import (  # noqa: F401  (re-exported: rules and tests use them)
     _EMPTY,
     CPU,
@@ -283,7 +291,8 @@ class Migrator(RefTracking, cst.CSTTransformer):
             extra += hook(self.ctx, original_node, updated_node)
         self._collect_flags(self._line(original_node))
         small = original_node.body[0]
-        if len(original_node.body) == 1 and isinstance(small, cst.Expr) and id(small.value) in self._stmt_calls:
+        if (len(original_node.body) == 1 and isinstance(small, cst.Expr) and id(small.value) in self._stmt_calls
+                and id(small.value.func) in self.refs):  # not a ref: a local `xm` of an enclosing function
             self._original_stmt_call = small.value  # type: ignore[assignment]
             out = self._expand(updated_node.body[0], original_node)
             self._original_stmt_call = None
@@ -314,32 +323,34 @@ class Migrator(RefTracking, cst.CSTTransformer):
         return updated_node
 
     def _defer_closures(self, body: Sequence[Stmt]) -> list[Stmt] | None:
-        """torch_xla runs a step closure after the graph of the next mark_step (xla_model.py: mark_step calls
-        `_run_step_closures()`): a closure added before a mark_step of the same block moves to where that
-        mark_step was; one with no later mark_step in its block runs where it was added."""
-        markers = [i for i, s in enumerate(body) if self._step_markers.get(id(s)) is s]
-        moved: dict[int, list[Stmt]] = {}
-        keep: list[Stmt] = []
+        """torch_xla binds a step closure's callee and arguments where it is added and calls it after the graph
+        of the next mark_step (xla_model.py: add_step_closure appends `lambda a=args: closure(*a)`, mark_step
+        calls `_run_step_closures()`). Here it is called where it was added. That is the same only when the next
+        statements of its block, up to a removed mark_step, are other closures; any other closure is flagged
+        (never moved: a move crosses `continue`, nested blocks and late-bound arguments, rv32b items 2-4)."""
+        kept: list[Stmt] = []
         flagged = False
         for i, stmt in enumerate(body):
-            later = next((m for m in markers if m > i), None)
             closure, line = self._closure_lines.get(id(stmt), (None, 0))
-            if closure is stmt and later is None and any(".step(" in self.ctx.code(s) for s in body[i + 1:]):
-                # its mark_step is elsewhere and an optimizer steps after it: XLA's closure saw the updated values
-                rule = flagmod.STEP_CLOSURE
-                self.ctx.flags.append(Flag(line=line, rule=rule.rule, reason=rule.reason, suggestion=rule.suggestion,
-                                           code=self.ctx.code(stmt).strip(), cell=self.ctx.cell))
-                keep.append(_with_todos(stmt, [flagmod.STEP_CLOSURE]))
+            if closure is stmt and not self._closures_then_marker(body[i + 1:]):
+                self._flag_closure(line, self.ctx.code(stmt).strip())
+                stmt = _with_todos(stmt, [flagmod.STEP_CLOSURE])
                 flagged = True
-                continue
-            if closure is stmt and later is not None:
-                moved.setdefault(later, []).append(stmt.with_changes(leading_lines=[]))  # type: ignore[attr-defined]
-                if stmt.leading_lines:  # type: ignore[attr-defined]  # its comments stay where they were
-                    keep.append(_removed_marker(stmt))  # type: ignore[arg-type]
-                continue
-            keep.append(stmt)
-            keep += moved.get(i, [])
-        return keep if moved or flagged else None
+            kept.append(stmt)
+        return kept if flagged else None
+
+    def _closures_then_marker(self, rest: Sequence[Stmt]) -> bool:
+        for stmt in rest:
+            if self._step_markers.get(id(stmt)) is stmt:
+                return True
+            if self._closure_lines.get(id(stmt), (None, 0))[0] is not stmt:
+                return False
+        return False
+
+    def _flag_closure(self, line: int, code: str) -> None:
+        rule = flagmod.STEP_CLOSURE
+        self.ctx.flags.append(Flag(line=line, rule=rule.rule, reason=rule.reason, suggestion=rule.suggestion,
+                                   code=code, cell=self.ctx.cell))
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> Any:
         body = self._defer_closures(updated_node.body)
@@ -358,7 +369,8 @@ class Migrator(RefTracking, cst.CSTTransformer):
             kept[-1] = kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
             updated_node = updated_node.with_changes(body=kept)
         small = original_node.body[0]
-        if len(original_node.body) == 1 and isinstance(small, cst.Expr) and id(small.value) in self._stmt_calls:
+        if (len(original_node.body) == 1 and isinstance(small, cst.Expr) and id(small.value) in self._stmt_calls
+                and id(small.value.func) in self.refs):  # not a ref: a local `xm` of an enclosing function
             self._original_stmt_call = small.value  # type: ignore[assignment]
             out = self._expand(updated_node.body[0], self._stmts[-1] if self._stmts else original_node)
             self._original_stmt_call = None
@@ -404,9 +416,21 @@ class Migrator(RefTracking, cst.CSTTransformer):
         if new is None:
             return updated_node
         self.consumed.add(id(original_node.func))
+        if ref.qualname == _STEP_CLOSURE and not self._alone_on_its_line(original_node):
+            self.ctx.flag(flagmod.STEP_CLOSURE, self.ctx.code(original_node).strip())  # see _defer_closures
+            self._collect_flags(ref.line)
         new = self._fit(new)
         self._record(ref.qualname.rsplit(".", 1)[-1], original_node, new)
         return self._in_place(original_node, new)
+
+    def _alone_on_its_line(self, call: cst.Call) -> bool:
+        """`call` is the whole of a statement line of an indented block or the module (_defer_closures judges
+        it there)."""
+        if len(self._parents) < 4 or self._parents[-1] is not call:
+            return False
+        expr, line, block = self._parents[-2], self._parents[-3], self._parents[-4]
+        return (isinstance(expr, cst.Expr) and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1
+                and isinstance(block, (cst.IndentedBlock, cst.Module)))
 
     def _refs_within(self, node: cst.CSTNode) -> list[int]:
         found: list[int] = []
@@ -501,10 +525,38 @@ class Migrator(RefTracking, cst.CSTTransformer):
         if any(_names_xla(o) for o in [*operands, *elements]):
             self.ctx.flag(flagmod.XLA_TEST, self.ctx.code(original_node).strip())
             self._collect_flags(self._line(original_node))
-        return updated_node
+        return self._optional_import_test(original_node, updated_node)
+
+    def _optional_import_test(self, original: cst.Comparison, updated: cst.Comparison) -> Expr:
+        """`xm is not None` after `try: import torch_xla... as xm / except ImportError: xm = None` (rv32b 5, 6):
+        the import is what the migrated code provides, so the test is `True` (`is None`: `False`), and the XLA
+        branch it guards, now migrated, is the one taken."""
+        ref = self.refs.get(id(original.left))
+        if ref is None or len(original.comparisons) != 1 or not isinstance(original.left, cst.Name):
+            return updated
+        test = original.comparisons[0]
+        if not (isinstance(test.comparator, cst.Name) and test.comparator.value == "None"
+                and isinstance(test.operator, (cst.Is, cst.IsNot))):
+            return updated
+        self.consumed.add(id(original.left))
+        new = cst.Name("True" if isinstance(test.operator, cst.IsNot) else "False")
+        self._record("optional-import", original, new)
+        return new.with_changes(lpar=updated.lpar, rpar=updated.rpar)
+
+    def _in_import_error_handler(self) -> bool:
+        for node in reversed(self._parents):
+            if isinstance(node, cst.ExceptHandler):
+                return catches_import_error(node)
+            if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+                return False
+        return False
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
         self.ctx.assign_target = None
+        target = original_node.targets[0].target
+        if (len(original_node.targets) == 1 and id(target) in self.refs and isinstance(original_node.value, cst.Name)
+                and original_node.value.value == "None" and self._in_import_error_handler()):
+            self.consumed.add(id(target))  # the fallback of an optional import: dead code once it is migrated
         # device = 'xla'
         if (len(updated_node.targets) == 1 and isinstance(updated_node.targets[0].target, cst.Name)
                 and "dev" in updated_node.targets[0].target.value.lower() and is_xla_string(updated_node.value)):

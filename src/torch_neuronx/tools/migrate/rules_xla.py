@@ -2,9 +2,10 @@
 
 Semantics kept (torch_xla 2.x): ``xla_device()`` is the process's core, indexed as XLA's ``xla:0`` was
 (``neuron:LOCAL_RANK``, the core torchrun's ``init_process_group`` binds); ``mark_step`` has nothing to do in eager
-mode, and the step closures added before it run where it was; ``optimizer_step`` / ``reduce_gradients``
-all-reduce and average the gradients when more than one process runs; ``is_master_ordinal()`` is the *local*
-master by default, ``master_print`` prints on global rank 0 and evaluates its arguments on every rank; ``save``
+mode (a step closure is called where it was added, flagged unless its mark_step follows it); ``optimizer_step`` /
+``reduce_gradients`` all-reduce and average the gradients when more than one process runs; ``is_master_ordinal()``
+is the *local* master by default, ``master_print`` prints on global rank 0 and evaluates its arguments on every
+rank; ``save``
 moves to the CPU and writes on the master only; ``xmp.spawn(fn)`` becomes one torchrun worker calling
 ``fn(RANK, *args)``, ``torch_xla.launch(fn)`` one calling ``fn(LOCAL_RANK, *args)``. Ordinals come from
 torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``), which also holds with no launcher (0, 0, 1) and
@@ -192,6 +193,10 @@ def _calls_in(node: cst.CSTNode) -> bool:
             found.append(True)
             return False
 
+        def visit_NamedExpr(self, n: cst.NamedExpr) -> bool:  # `y := 3` binds y on every rank (rv32b item 7)
+            found.append(True)
+            return False
+
         def visit_Lambda(self, n: cst.Lambda) -> bool:
             return False
 
@@ -203,11 +208,14 @@ def _master_print_helper(ctx: Ctx, call: cst.Call) -> Expr | None:
     """torch_xla's master_print is an ordinary function (torch_xla/core/xla_model.py): its arguments are evaluated
     on every rank before it tests the ordinal. Arguments that call something (`xm.mesh_reduce(...)`, a collective
     all ranks must enter) go to `neuron_master_print`, which evaluates them on every rank too."""
-    split = split_args(call)
-    if split is None or not any(_calls_in(a.value) for a in call.args):
+    if any(a.star == "**" for a in call.args):
+        return None  # which of master_print's keywords it passes is not known: flagged
+    pos = [a for a in call.args if a.keyword is None]
+    kw = {a.keyword.value: a for a in call.args if a.keyword is not None}
+    # `*parts` unpacks (and may exhaust an iterator) on every rank in XLA too (rv32b item 9)
+    if not any(_calls_in(a.value) or a.star for a in call.args):
         return None
-    pos, kw = split
-    parts = [ctx.code(a.value) for a in pos]
+    parts = [f"{a.star}{ctx.code(a.value)}" for a in pos]
     if "local" in kw:
         parts.append(f"local={ctx.code(kw['local'].value)}")
     if "fd" in kw:
@@ -265,7 +273,8 @@ def _optimizer_args(ctx: Ctx, call: cst.Call) -> tuple[str, str] | None:
     if opt is None:
         return None
     extra = arg(call, 2, "optimizer_args")
-    _flag_groups(ctx, call, OPTIMIZER_STEP)
+    if _flag_groups(ctx, call, OPTIMIZER_STEP):  # flagged and left as it is, as reduce_gradients' groups
+        return None
     return ctx.code(opt), ("" if extra is None else f"**{ctx.code(extra)}")
 
 
@@ -284,7 +293,8 @@ def _optimizer_step_stmt(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt] | None
 
 
 def _optimizer_step(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
-    _flag_groups(ctx, call, OPTIMIZER_STEP)
+    if _flag_groups(ctx, call, OPTIMIZER_STEP):
+        return None
     ctx.helper("neuron_optimizer_step")
     return call.with_changes(func=cst.Name("neuron_optimizer_step"))
 
@@ -410,7 +420,8 @@ def _spawn_stmt(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt] | None:
         return [call_fn]
     ctx.need("torch")
     return [
-        ctx.stmt(f'if "WORLD_SIZE" in os.environ:  # one torchrun worker per core, as xmp.spawn started\n'
+        # a second launch in the same script reuses the group (rv32b item 8: init twice raised)
+        ctx.stmt(f'if "WORLD_SIZE" in os.environ and not torch.distributed.is_initialized():  # torchrun\'s workers\n'
                  f'    torch.distributed.init_process_group("{ctx.target.backend}")\n'),
         call_fn,
     ]
