@@ -85,6 +85,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("TORCH_NEURONX_REMOVE_ON_STARTER_EXIT", "str", "", "set by `torch-neuronx plan --measure` for the "
              "process guardian: the temporary folder it removes when the planner dies without cleaning up",
              "an emulator extension (docs/plan.md)"),
+    Variable("TORCH_NEURONX_PLAN_STACKS_AFTER_S", "str", "", "set by `torch-neuronx plan --measure` in its "
+             "ranks: after this many seconds a rank still running writes every thread's Python stack to its log",
+             "an emulator extension (docs/plan.md)"),
     Variable("TORCH_NEURONX_CHECK_RANKS_ONLY", "bool", False, "1: the checker's probe watches only processes with "
              "RANK set (the job runs under torchrun; its agent is not watched)",
              "an emulator extension (docs/check.md)"),
