@@ -94,6 +94,15 @@ def test_reference_checkpoints_are_paired_by_device_name_or_a_unique_name() -> N
     c = {"path": "/w/neuron/m.safetensors", "kind": "safetensors"}
     pair_reference_files([c], [ref("/w/cpu/m.safetensors")])
     assert "reference" not in c
+    # runs given different output folders (--out dist / --out cpu): the file whose path ends the same way, parent
+    # folder included, although two files of its name are on the reference side
+    st = {"kind": "safetensors"}
+    base = {"path": "/t/dist/base/model.safetensors", **st}
+    final = {"path": "/t/dist/final/model.safetensors", **st}
+    pair_reference_files([base, final], [ref("/t/cpu/final/model.safetensors") | st,
+                                         ref("/t/cpu/base/model.safetensors") | st])
+    assert base["reference"] == "/t/cpu/base/model.safetensors"
+    assert final["reference"] == "/t/cpu/final/model.safetensors" and "ends the same way" in final["reference_paired"]
 
 
 # ------------------------------------------------------------------ rv29.2: FSDP2's default mesh in the reference

@@ -310,8 +310,10 @@ class _StaticSpecializer:
             if len(self.graphs) >= dynamo_config.recompile_limit:
                 if not self.gave_up:
                     self.gave_up = True
-                    warnings.warn(limit_message(self.function, dynamo_config.recompile_limit,
-                                                self._varying_values([*self.graphs, key])), stacklevel=2)
+                    varying = self._varying_values([*self.graphs, key])
+                    floats = self.pin and any(self.names.index(n) in self.scalars for n in varying)
+                    warnings.warn(limit_message(self.function, dynamo_config.recompile_limit, varying, floats),
+                                  stacklevel=2)
                 return self.gm(*args)
             if not self.pin:
                 try:
@@ -342,14 +344,16 @@ class _StaticSpecializer:
                 and len({value(k, i) for k in keys}) > 1]
 
 
-def limit_message(function: str, limit: int, int_arguments: list[str] | None = None) -> str:
+def limit_message(function: str, limit: int, int_arguments: list[str] | None = None,
+                  float_arguments: bool = False) -> str:
     """The warning for a graph specialised past Dynamo's recompile limit: on sizes, or on the values of the
     `int_arguments` (Dynamo's sources of int arguments that changed)."""
     head = f"torch_neuronx: {function} reached torch._dynamo.config.recompile_limit ({limit}) graphs"
     if int_arguments:
-        return (f"{head} for values of the argument {', '.join(int_arguments)} (each value is its own Neuron "
-                "graph: an int, or a float compiled in); new values run eagerly. Pass a value that changes as a "
-                "tensor, or keep it constant.")
+        kind = "float argument" if float_arguments else "int argument"
+        why = "a float compiled in" if float_arguments else "each value is its own Neuron graph"
+        return (f"{head} for values of the {kind} {', '.join(int_arguments)} ({why}); new values run eagerly. "
+                "Pass a value that changes as a tensor, or keep it constant.")
     return f"{head} for shapes; new shapes run eagerly. Bucket the inputs (torch_neuronx.compile.bucketing)."
 
 

@@ -236,8 +236,10 @@ def find_checkpoints(side: Side, cfg: CheckConfig, since: float) -> list[dict[st
 def pair_reference_files(items: list[dict[str, Any]], ref_items: list[dict[str, Any]]) -> None:
     """Give each checkpoint the reference run did not write at the same path its reference version elsewhere:
     the file whose path differs only by the device name (a job that saves to runs/{device}/model.pt writes
-    runs/cpu/model.pt in the reference), else, when exactly one unpaired file of that kind and name is left on
-    each side (runs/<timestamp>/model.pt), that one. Sets item["reference"] and says how in "reference_paired"."""
+    runs/cpu/model.pt in the reference), else the one whose path ends the same way, its parent folder at least
+    (dist/base/model.safetensors and cpu/base/model.safetensors), else, when exactly one unpaired file of that
+    kind and name is left on each side (runs/<timestamp>/model.pt), that one. Sets item["reference"] and says how
+    in "reference_paired"."""
     taken = {i["path"] for i in items} | {i["reference"] for i in items if i.get("reference")}
     free = [r for r in ref_items if r["path"] not in taken and not r.get("buffer")]
     unpaired = [i for i in items if not i.get("reference") and not i.get("buffer")]
@@ -248,6 +250,22 @@ def pair_reference_files(items: list[dict[str, Any]], ref_items: list[dict[str, 
         match = next((r for r in free if r["path"] in swapped and r["kind"] == item["kind"]), None)
         if match is not None:
             item["reference"], item["reference_paired"] = match["path"], "the same path with cpu for neuron"
+            free.remove(match)
+    for item in [i for i in unpaired if not i.get("reference")]:
+        # the reference file whose path ends the same way, folders included (dist/base/model.safetensors and
+        # cpu/base/model.safetensors when the two runs were given different output folders), when one ends
+        # longest and with at least its parent folder
+        parts = Path(item["path"]).parts
+        def common(r: dict[str, Any], parts: tuple[str, ...] = parts) -> int:
+            theirs, n = Path(r["path"]).parts, 0
+            while n < min(len(parts), len(theirs)) and parts[-1 - n] == theirs[-1 - n]:
+                n += 1
+            return n
+        scored = sorted(((common(r), r["path"]) for r in free if r["kind"] == item["kind"]), reverse=True)
+        if scored and scored[0][0] >= 2 and (len(scored) == 1 or scored[1][0] < scored[0][0]):
+            match = next(r for r in free if r["path"] == scored[0][1])
+            item["reference"] = match["path"]
+            item["reference_paired"] = "the reference's file whose path ends the same way"
             free.remove(match)
     for item in [i for i in unpaired if not i.get("reference")]:
         def same(x: dict[str, Any], ref: dict[str, Any] = item) -> bool:
