@@ -13,13 +13,12 @@ Llama-3-8B at TP 32 plan and fit.
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 
 import pytest
 
+from torch_neuronx.testing.jobs import launch
 from torch_neuronx.testing.plan import LLAMA3_8B, LLAMA31_70B
-from torch_neuronx.testing.workers import agent_store, rank_env, run_processes
 from torch_neuronx.tools.plan import plan
 from torch_neuronx.tools.plan.layouts import PlanError
 from torch_neuronx.tools.plan.model import from_config
@@ -105,10 +104,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     script = work / "worker.py"
     script.write_text(WORKER)
     env = {"TORCH_NEURONX_INSTANCE_TYPE": "trn2.3xlarge", "TRANSFORMERS_VERBOSITY": "error"}
-    with agent_store() as port:
-        cmds = [([sys.executable, str(script), str(work)], {**rank_env(r, 4, port, agent_store=True), **env})
-                for r in range(4)]
-        procs = run_processes(cmds, work, 240)
+    procs = launch(script, 4, work, str(work), timeout=240, env=env)
     assert all(p.rc == 0 for p in procs), "\n".join(p.log() for p in procs)
     return [json.loads((work / f"rank{r}.json").read_text()) for r in range(4)]
 

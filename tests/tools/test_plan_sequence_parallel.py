@@ -12,12 +12,11 @@ zeros), are refused with a message.
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 
 import pytest
 
-from torch_neuronx.testing.workers import agent_store, rank_env, run_processes
+from torch_neuronx.testing.jobs import launch
 
 WORKER = textwrap.dedent('''
     import json, sys
@@ -90,10 +89,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     script = work / "worker.py"
     script.write_text(WORKER)
     env = {"TORCH_NEURONX_INSTANCE_TYPE": "trn1.2xlarge", "TRANSFORMERS_VERBOSITY": "error"}
-    with agent_store() as port:
-        cmds = [([sys.executable, str(script), str(work)], {**rank_env(r, 2, port, agent_store=True), **env})
-                for r in range(2)]
-        procs = run_processes(cmds, work, 240)
+    procs = launch(script, 2, work, str(work), timeout=240, env=env)
     assert all(p.rc == 0 for p in procs), "\n".join(p.log() for p in procs)
     return [json.loads((work / f"rank{r}.json").read_text()) for r in range(2)]
 
