@@ -154,11 +154,27 @@ def oom_job(device: str) -> None:
             torch.empty(16 * 2**20, device=device)
 
 
+def record(out: str, pids: list[int]) -> None:
+    """Writes out/pids.<this pid>: each pid as pid:start time (field 22 of /proc/pid/stat), so that a test that
+    finds the pid alive later can tell the same process from a new one given that pid (pid_max is 32,768 here,
+    and a busy test run goes through it in minutes)."""
+    def identity(pid: int) -> str:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f"{pid}:{f.read().rsplit(')', 1)[1].split()[19]}"
+        except OSError:
+            return f"{pid}:gone"
+
+    path, tmp = os.path.join(out, f"pids.{os.getpid()}"), os.path.join(out, f".pids.{os.getpid()}")
+    with open(tmp, "w") as f:  # renamed whole: a test polling for pids.* never reads half of it
+        f.write(" ".join(identity(pid) for pid in pids) + "\n")
+    os.replace(tmp, path)
+
+
 def hang_job(out: str) -> None:
     """One step, then a hang; it also starts a helper in a session of its own (as torchrun starts workers)."""
     helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-    with open(os.path.join(out, f"pids.{os.getpid()}"), "w") as f:
-        f.write(f"{os.getpid()} {helper.pid}\n")
+    record(out, [os.getpid(), helper.pid])
     model, batches = model_and_data("neuron")
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     model(batches[0]).sum().backward()
@@ -179,11 +195,11 @@ def daemons_job(device: str, out: str) -> None:
     subprocess.run([sys.executable, "-c", "print('helper')"], check=True)  # waited for: never reported
     daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                               env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, start_new_session=True)
-    shell = os.path.join(out, "pids.shell")
+    shell = os.path.join(out, "shell.pid")
     subprocess.run(["sh", "-c", f"env -i setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $! > {shell}"],
                    check=True)
-    with open(os.path.join(out, f"pids.{os.getpid()}"), "w") as f:
-        f.write(f"{daemon.pid}\n")
+    with open(shell) as f:
+        record(out, [daemon.pid, int(f.read())])
 
 
 def distributed_job(fault: str, device: str, out: str) -> None:
@@ -203,8 +219,7 @@ def distributed_job(fault: str, device: str, out: str) -> None:
     if fault == "hang_rank":  # each rank also starts a child in a session of its own
         pids.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                                      start_new_session=True).pid)
-    with open(os.path.join(out, f"pids.{os.getpid()}"), "w") as f:
-        f.write(" ".join(map(str, pids)) + "\n")
+    record(out, pids)
     model, _ = model_and_data(str(dev), dropout=0.3 if fault == "ddp_dropout" else 0.0)
     ddp = DistributedDataParallel(model)
     lr = 0.2 if fault == "replica_drift" and rank == 1 else 0.05  # the fault: rank 1's learning rate differs

@@ -127,17 +127,24 @@ def test_a_mesh_smaller_than_the_world_fails_distribution(tmp_path: Path) -> Non
     assert found[0]["shape"] == [1] and "ranks [1] are outside it" in found[0]["message"]
 
 
+def _recorded(tmp_path: Path) -> list[tuple[int, str]]:
+    """The processes the job recorded (check_jobs.record): (pid, start time)."""
+    return [(int(pid), start) for f in tmp_path.glob("pids.*") for pid, start in
+            (token.split(":") for token in f.read_text().split())]
+
+
 def _alive(tmp_path: Path) -> list[int]:
-    """The processes the job recorded (tmp_path/pids.*) that still exist and are not zombies."""
-    pids = [int(p) for f in tmp_path.glob("pids.*") for p in f.read_text().split()]
+    """The processes the job recorded that still exist and are not zombies. A pid alive with another start time
+    is another process that got the number after ours ended (it wraps at 32,768 here): not ours."""
+    pids = _recorded(tmp_path)
     assert pids, "the job recorded no process"
     alive = []
-    for pid in pids:
+    for pid, start in pids:
         try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if state != "Z":
+        if fields[0] != "Z" and fields[19] == start:
             alive.append(pid)
     return alive
 
@@ -197,8 +204,7 @@ def test_a_hung_rank_under_torchrun_is_killed_with_every_peer(tmp_path: Path, si
     finally:
         if checker.poll() is None:
             checker.kill()
-    pids = [int(p) for f in tmp_path.glob("pids.*") for p in f.read_text().split()]
-    assert len(pids) == 4  # two ranks, each with a child in a session of its own
+    assert len(_recorded(tmp_path)) == 4  # two ranks, each with a child in a session of its own
     if sig == signal.SIGKILL:
         assert checker.returncode == -9 and not report_path.exists()
         _until(lambda: not _alive(tmp_path) and not _ours(tmp_path), "the job to die with its checker", 60)
