@@ -87,11 +87,11 @@ def test_a_signal_stops_every_process_of_the_check(tmp_path: Path) -> None:
     cli = subprocess.Popen([sys.executable, "-m", "torch_neuronx.tools.cli", "migrate", str(script), "--out",
                             str(tmp_path / "o"), "--quiet", "--tp-invariance", "2", "--tp-invariance-out",
                             str(tmp_path / "tp")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen: set[int] = set()
+    seen: dict[int, int | None] = {}  # pid -> its start time (a pid alone may be another process's later)
     deadline = time.monotonic() + 90
     try:
         while time.monotonic() < deadline:  # until the 3 ranks (2 + 1) run, under their 2 torchrun agents
-            seen |= set(processes.descendants(cli.pid))
+            seen.update((p, processes.start_time(p)) for p in processes.descendants(cli.pid) if p not in seen)
             if sum("tp_probe" in processes.command(p) for p in seen) >= 5:
                 break
             time.sleep(0.2)
@@ -104,6 +104,7 @@ def test_a_signal_stops_every_process_of_the_check(tmp_path: Path) -> None:
             cli.kill()
     assert cli.returncode == 128 + signal.SIGTERM and len(err.strip().splitlines()) == 1, err
     assert "every process it started was stopped" in err and "Traceback" not in err
-    left = [p for p in seen if (st := processes._stat(p)) is not None and st[0] not in ("Z", "X")]
+    left = [p for p, start in seen.items() if (st := processes._stat(p)) is not None and st[0] not in ("Z", "X")
+            and processes.start_time(p) == start]
     assert left == [], [processes.command(p) for p in left]
     assert os.path.exists(tmp_path / "o" / "sleeper.py")

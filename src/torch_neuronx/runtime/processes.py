@@ -81,6 +81,17 @@ def _stat(pid: int) -> tuple[str, int] | None:
         return None
 
 
+def start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot, field 22 of /proc/pid/stat), None when gone: with the pid, it
+    names one process, as a pid alone does not once the kernel hands the number out again (pid_max can be 32,768)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+        return int(raw[raw.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def table() -> dict[int, int]:
     """pid -> parent pid of every live (not zombie) process."""
     out = {}
