@@ -43,7 +43,7 @@ def test_dma_transpose_gather_reads_2d_indices_column_major(n_cols: int) -> None
     """AWS dma_transpose: flat_indices = indices.T.flatten(); gathered = src[flat_indices, :]; dst = gathered.T."""
     rows = P * n_cols
     src = torch.randn(rows, P).to(torch.bfloat16)
-    idx = torch.randperm(rows).reshape(P, n_cols).to(torch.int32)  # indices.dtype is uint32 in AWS's docs
+    idx = torch.randperm(rows).reshape(P, n_cols).to(torch.uint32)  # AWS: "indices.dtype is np.uint32"
     out = nki.simulate(nki.jit(gather_transpose, platform_target="trn2"))(src, idx)
     flat = idx.numpy().T.reshape(-1)
     expected = src.float().numpy()[flat, :].T
@@ -572,16 +572,29 @@ def test_nonzero_with_count_is_aws_documented_example() -> None:
     expect("err-unsupported-feature", nki.jit(kernel, platform_target="trn1"), a)
 
 
-def test_tensor_copy_takes_no_dtype_in_nki_0_6() -> None:
-    """AWS's reference signature is tensor_copy(dst, src, engine, name): a dtype= is refused with the reason."""
-    @nki.jit
-    def kernel(a):  # type: ignore[no-untyped-def]
+def test_tensor_copy_takes_dtype_only_as_dst_s_own() -> None:
+    """AWS's reference signature is tensor_copy(dst, src, engine, name); AWS's NKI 0.6 matmul tutorial
+    (aws-neuron/nki-samples) passes dtype= equal to dst's dtype, accepted as the no-op it is. A differing dtype has
+    no documented meaning: refused with the reason. An older-dialect call without dst names err-missing-dst."""
+    def kernel(a, dtype):  # type: ignore[no-untyped-def]
+        out = nl.ndarray(a.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
         t = nl.load(a)
         r = nl.ndarray(a.shape, dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=r, src=t, dtype=nl.bfloat16)
+        nisa.tensor_copy(dst=r, src=t, dtype=dtype)
+        nisa.dma_copy(dst=out, src=r)
+        return out
 
-    err = expect("err-unsupported-feature", kernel, np.zeros((P, 4), np.float32), operand="dtype")
+    a = np.linspace(-3, 3, P * 4, dtype=np.float32).reshape(P, 4)
+    out = nki.simulate(nki.jit(kernel))(torch.from_numpy(a), nl.bfloat16)
+    assert torch.equal(out, torch.from_numpy(a).to(torch.bfloat16))
+    err = expect("err-unsupported-feature", nki.jit(kernel), a, nl.float32, operand="dtype")
     assert "dtype of dst" in str(err)
+
+    @nki.jit
+    def older(a):  # type: ignore[no-untyped-def]
+        nisa.tensor_copy(nl.load(a), dtype=nl.bfloat16)
+
+    expect("err-missing-dst", older, a, operand="dst")
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
@@ -618,6 +631,28 @@ def test_iota_follows_the_documented_pseudo_code() -> None:
     expected = 5 + np.arange(P)[:, None] * 1000 + (w * 100 - 2 * x).reshape(1, 12)
     assert np.array_equal(kernel(np.zeros((1, 1), np.float32)), expected)
 
+
+
+def iota_into(a, dtype, offset):  # type: ignore[no-untyped-def]
+    out = nl.ndarray((2, 4), dtype=dtype, buffer=nl.shared_hbm)
+    r = nl.ndarray((2, 4), dtype=dtype, buffer=nl.sbuf)
+    nisa.iota(dst=r, pattern=[[1, 4]], offset=offset, channel_multiplier=10)
+    nisa.dma_copy(dst=out, src=r)
+    return out
+
+
+def test_iota_wraps_around_as_32_bit_integers_before_the_cast() -> None:
+    """AWS iota: "computed in 32-bit integer arithmetic", then cast to dst's dtype; offset is an int32. Past
+    2^31 - 1 the value wraps to negative numbers, also in a float32 dst (not a large positive float)."""
+    z = np.zeros((1, 1), np.float32)
+    exact = 2**31 - 2 + np.arange(4)[None, :] + 10 * np.arange(2)[:, None]
+    wrapped = ((exact + 2**31) % 2**32 - 2**31).astype(np.int64)
+    assert np.array_equal(nki.jit(iota_into)(z, nl.int32, 2**31 - 2), wrapped)
+    assert np.array_equal(nki.jit(iota_into)(z, nl.float32, 2**31 - 2), wrapped.astype(np.float32))
+    assert wrapped.min() < 0
+    err = expect("err-invalid-operand", nki.jit(iota_into), z, nl.int32, 2**31, operand="offset")
+    assert "int32" in str(err)
+    assert np.array_equal(nki.jit(iota_into)(z, nl.int32, 2**31 - 20), exact - 18)  # the largest: 2^31 - 7
 
 def test_tensor_reduce_negate_and_tensor_scalar_reverse() -> None:
     """AWS tensor_reduce negate multiplies the result by -1; tensor_scalar reverse0 makes operand0 the lhs."""

@@ -341,14 +341,15 @@ def test_non_integer_shapes_are_refused() -> None:
 # ------------------------------------------------------------------ 10-12. dma_transpose rules
 
 
-def _transpose(shape, dtype, target, *, gather: bool = False, hwdge: bool = False):  # type: ignore[no-untyped-def]
+def _transpose(shape, dtype, target, *, gather: bool = False, hwdge: bool = False,  # type: ignore[no-untyped-def]
+               index_dtype=nl.uint32):
     @on(target)
     def kernel(src):  # type: ignore[no-untyped-def]
         out = nl.ndarray(shape[::-1], dtype=dtype, buffer=nl.shared_hbm)
         d = nl.ndarray(shape[::-1], dtype=dtype, buffer=nl.sbuf)
         view = src
         if gather:
-            idx = nl.ndarray((shape[0], 1), dtype=nl.int32, buffer=nl.sbuf)
+            idx = nl.ndarray((shape[0], 1), dtype=index_dtype, buffer=nl.sbuf)
             nisa.iota(dst=idx, pattern=[[0, 1]], offset=0, channel_multiplier=1)
             view = src.ap(pattern=[[shape[1], shape[0]], [1, shape[1]]], vector_offset=idx, indirect_dim=0)
         nisa.dma_transpose(dst=d, src=view, dge_mode=nisa.dge_mode.hwdge if hwdge else nisa.dge_mode.unknown)
@@ -365,6 +366,9 @@ def test_dma_transpose_gather_is_trn2_plus_and_two_byte_only() -> None:
     expect("err-unsupported-dtype", _transpose((16, 32), nl.float32, "trn2", gather=True),
            src16.astype(np.float32))
     np.testing.assert_array_equal(_transpose((16, 32), nl.float16, "trn2", gather=True)(src16), src16.T)
+    # "indices.dtype is np.uint32": int32 indices are refused (issue 31, second pass)
+    expect("err-unsupported-dtype", _transpose((16, 32), nl.float16, "trn2", gather=True, index_dtype=nl.int32),
+           src16, operand="vector_offset")
 
 
 def test_hwdge_transpose_of_a_2d_source_has_16_rows() -> None:

@@ -660,6 +660,13 @@ class NkiTensor:
             if not isinstance(vector_offset, NkiTensor):
                 raise NkiValidationError("err-invalid-access-pattern", ".ap()", "vector_offset is an on-chip "
                                          f"index tile, not {type(vector_offset).__name__}", operand="vector_offset")
+            if vector_offset.buffer is not MemoryRegion.sbuf:
+                # AWS dma_copy: the vector_offset indices are "an SBUF tensor of shape (P, 1)"; dma_transpose:
+                # "indices tensor must be on SBUF"
+                raise NkiValidationError("err-unsupported-memory", ".ap()", f"the vector_offset index tile "
+                                         f"{vector_offset.name!r} is in {vector_offset.buffer.value}",
+                                         operand="vector_offset", value=vector_offset.buffer.value, limit="sbuf",
+                                         hint="load the indices into an SBUF tile first (nisa.dma_copy or nl.load)")
             if vector_offset.size != shape[indirect_dim]:
                 raise NkiValidationError("err-invalid-access-pattern", ".ap()",
                                          f"vector_offset has {vector_offset.size} indices for a dimension of "

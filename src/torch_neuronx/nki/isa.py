@@ -53,7 +53,8 @@ __all__ = [
     "tensor_copy", "tensor_copy_predicated", "tensor_partition_reduce", "tensor_reduce", "tensor_scalar",
     "tensor_tensor", "tensor_tensor_scan", "VirtualRegister", "matmul_perf_mode", "scalar_tensor_tensor",
     "tensor_scalar_reduce", "dma_engine", "nonzero_with_count", "nc_stream_shuffle", "activate2",
-    "dma_compute",
+    "dma_compute", "max8", "nc_find_index8", "nc_match_replace8", "bn_stats", "bn_aggr", "tensor_scalar_cumulative",
+    "exponential", "nc_n_gather", "select_reduce", "range_select",
 ]
 
 
@@ -302,6 +303,7 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority: Any = None, oob_mode: oob
         raise NkiValidationError("err-shape-mismatch", ins, f"src {src.shape} has {src.size} elements, dst "
                                  f"{dst.shape} has {dst.size}", operand="dst", value=dst.size, limit=src.size)
     _check_dma_options(ins, launch, priority, dge_mode)
+    _check_dma_engine(ins, engine, dge_mode)
     if launch.compute:
         skip = oob_mode is not _OOB_ERROR
         values = read(src, skip_oob=skip)
@@ -334,6 +336,22 @@ def _check_dma_options(ins: str, launch: Launch, priority: Any, dge: Any) -> Non
         if not isinstance(priority, int) or not 0 <= priority <= 3:
             raise NkiValidationError("err-invalid-operand", ins, f"priority {priority!r}", operand="priority",
                                      value=priority, limit="an int 0..3 (lower is higher priority)")
+
+
+def _check_dma_engine(ins: str, chosen: Any, dge: Any) -> None:
+    """AWS dma_copy ``engine``: the engine that generates hardware-DGE descriptors, ``engine.sync`` or
+    ``engine.scalar``, only valid with ``dge_mode=hwdge`` (``engine.unknown``, the default, lets the compiler pick)."""
+    if chosen is engine.unknown:
+        return
+    if chosen not in (engine.sync, engine.scalar):
+        raise NkiValidationError("err-unsupported-engine", ins, f"engine={getattr(chosen, 'name', chosen)}: engine= "
+                                 "names the engine that generates hardware-DGE descriptors", operand="engine",
+                                 value=getattr(chosen, "name", chosen), limit="nisa.engine.sync or nisa.engine.scalar",
+                                 hint="leave engine unset (nisa.dma_engine is sendrecv's dma_engine=, not this)")
+    if dge is not _HWDGE:
+        raise NkiValidationError("err-invalid-operand", ins, f"engine={chosen.name} without dge_mode=hwdge",
+                                 operand="engine", value=chosen.name, limit="only with dge_mode=nisa.dge_mode.hwdge",
+                                 hint="add dge_mode=nisa.dge_mode.hwdge, or leave engine unset")
 
 
 _OOB_ERROR = oob_mode.error
@@ -409,15 +427,55 @@ def _check_gather_transpose(ins: str, src: NkiTensor, launch: Launch, dge: Any) 
         raise NkiValidationError("err-unsupported-dtype", ins, f"an indirect transpose of {src.dtype} "
                                  f"({_dtypes.itemsize(src.dtype)} bytes per element)", operand="src",
                                  value=src.dtype, limit="a 2-byte dtype (bfloat16, float16, int16, uint16)")
+    _check_gather_indices(ins, src)
 
 
-def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: engine = engine.unknown, name: str | None = None) -> Any:
-    """Copy an on-chip tile (SBUF or PSUM) to another on chip, bit-exact when the dtypes agree."""
+def _check_gather_indices(ins: str, src: NkiTensor) -> None:
+    """AWS dma_transpose, indirect transpose constraints: 2-D uint32 indices with 16..128 rows, a multiple of 16
+    (exactly 128 rows when there is more than one column); src.shape[0] a multiple of 16, src.shape[-1] <= 128; a
+    4-D src has src.shape[1] or src.shape[2] equal to 1."""
+    assert src.gather is not None
+    index_shape = src.gather.index_shape
+    index_dtype = getattr(src.gather.source, "dtype", None)
+    rows = index_shape[0]
+    if index_dtype is not None and index_dtype != "uint32":
+        raise NkiValidationError("err-unsupported-dtype", ins, f"an indirect (gather) transpose with indices of "
+                                 f"{index_dtype}", operand="vector_offset", value=index_dtype, limit="uint32")
+    problems = [
+        (len(index_shape) != 2, "vector_offset", f"indices of shape {index_shape}", "2-D indices"),
+        (not (16 <= rows <= 128 and rows % 16 == 0), "vector_offset", f"indices with {rows} rows",
+         "16 to 128 rows, a multiple of 16"),
+        (len(index_shape) == 2 and index_shape[1] > 1 and rows != 128, "vector_offset",
+         f"indices of shape {index_shape}", "exactly 128 rows when indices have more than one column"),
+        (src.shape[0] % 16 != 0, "src", f"src.shape[0] = {src.shape[0]} gathered rows", "a multiple of 16"),
+        (src.shape[-1] > 128, "src", f"src.shape[-1] = {src.shape[-1]}", "at most 128"),
+        (src.ndim == 4 and 1 not in src.shape[1:3], "src", f"a 4-D src {src.shape}",
+         "src.shape[1] or src.shape[2] equal to 1"),
+    ]
+    for broken, operand, found, limit in problems:
+        if broken:
+            raise NkiValidationError("err-unsupported-feature", ins, f"an indirect (gather) transpose with {found}",
+                                     operand=operand, value=found, limit=limit)
+
+
+def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: engine = engine.unknown, name: str | None = None, *,
+                dtype: Any = None) -> Any:
+    """Copy an on-chip tile (SBUF or PSUM) to another on chip, bit-exact when the dtypes agree.
+
+    NKI 0.6's reference signature has no ``dtype``; AWS's own matmul tutorial (aws-neuron/nki-samples,
+    ``matrix_multiplication_nki_kernels.py``) passes ``dtype=`` equal to dst's dtype, which changes nothing and is
+    accepted. A ``dtype`` that differs from dst's has no documented meaning and is refused.
+    """
     ins = "nisa.tensor_copy"
     launch = _begin(ins)
     _ensure_dst(ins, dst)
     _tile(ins, "src", src, launch)
     _tile(ins, "dst", dst, launch)
+    if dtype is not None and _canonical_or_none(dtype) != dst.dtype:
+        raise NkiValidationError("err-unsupported-feature", ins, f"dtype={dtype!r} differs from dst's {dst.dtype}: "
+                                 "NKI 0.6's reference signature has no dtype (the dtype of dst is the cast)",
+                                 operand="dtype", value=str(dtype), limit=f"dst's own dtype ({dst.dtype}) or unset",
+                                 hint="drop dtype= and allocate dst in the dtype you want")
     _same_layout(ins, "src", src, "dst", dst)
     if engine is _GPSIMD and MemoryRegion.psum in (src.buffer, dst.buffer):
         raise NkiValidationError("err-unsupported-memory", ins, "the GpSimd engine cannot access PSUM",
@@ -431,6 +489,13 @@ def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: engine = engine.unknown,
             values = values.to(torch.float32)
         write(dst, values.reshape(dst.shape))
     return dst
+
+
+def _canonical_or_none(dtype: Any) -> str | None:
+    try:
+        return _dtypes.canonical(dtype)
+    except _dtypes.DTypeError:
+        return None
 
 
 _GPSIMD, _SCALAR, _TENSOR, _VECTOR, _UNKNOWN = engine.gpsimd, engine.scalar, engine.tensor, engine.vector, \
@@ -508,13 +573,26 @@ def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Any, e
         int32_only = data1.dtype in _INT32 and data2.dtype in _INT32 and dst.dtype in _INT32
         on_gpsimd = int32_only and engine is not _VECTOR and MemoryRegion.psum not in (data1.buffer, data2.buffer,
                                                                                        dst.buffer)
-        cdt = torch.int64 if on_gpsimd and name_ not in ("divide", "power") else torch.float32
+        cdt = torch.int64 if on_gpsimd and name_ != "power" else torch.float32
     if launch.compute:
         a, b = _flat(data1, cdt), _flat(data2, cdt)
         if name_ in BITVEC:
             a, b = _bit_pattern(a, data1.dtype), _bit_pattern(b, data2.dtype)
-        write(dst, _binary(name_, a, b).reshape(dst.shape))
+        if name_ == "divide" and cdt == torch.int64:
+            write(dst, _integer_divide(ins, a, b).reshape(dst.shape))
+        else:
+            write(dst, _binary(name_, a, b).reshape(dst.shape))
     return dst
+
+
+def _integer_divide(ins: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """GpSimd's int32 divide: AWS promises "exact results for all 32-bit integer values" for all-int32 tensor_tensor;
+    the quotient rounds toward zero, as the float32 path's cast to an integer does (and as C's integer division),
+    so the two agree wherever float32 is exact. A zero divisor has no documented result: refused."""
+    if bool((b == 0).any()):
+        raise NkiValidationError("err-invalid-operand", ins, "an int32 divide by zero on GpSimd has no documented "
+                                 "result", operand="data2", hint="mask the zeros first (nisa.tensor_copy_predicated)")
+    return torch.div(a, b, rounding_mode="trunc")
 
 
 def _bit_pattern(values: Any, dtype: str) -> Any:
@@ -879,7 +957,17 @@ def tensor_copy_predicated(dst: NkiTensor, src: Any, predicate: NkiTensor, rever
 
 
 def _pattern_values(ins: str, dst: NkiTensor, pattern: Any, offset: int, channel_multiplier: int) -> torch.Tensor:
+    """The affine values of iota / affine_select in the engine's 32-bit integer arithmetic (AWS: "computed in 32-bit
+    integer arithmetic", an int32 offset and channel_multiplier, a pattern of up to 4 [step, num] pairs)."""
     pairs = [(int(s), int(n)) for s, n in pattern]
+    if len(pairs) > 4:
+        raise NkiValidationError("err-invalid-access-pattern", ins, f"pattern {pattern} has {len(pairs)} dimensions",
+                                 operand="pattern", value=len(pairs), limit="up to 4 [step, num] pairs")
+    for operand, number in (("offset", offset), ("channel_multiplier", channel_multiplier),
+                            *(("pattern", step) for step, _ in pairs)):
+        if not _INT32_MIN <= int(number) <= _INT32_MAX:
+            raise NkiValidationError("err-invalid-operand", ins, f"{operand} {number} is not an int32", operand=operand,
+                                     value=number, limit=f"[{_INT32_MIN}, {_INT32_MAX}]")
     count = math.prod(n for _, n in pairs)
     if count != dst.free_size:
         raise NkiValidationError("err-shape-mismatch", ins, f"pattern {pattern} has {count} elements per "
@@ -891,7 +979,10 @@ def _pattern_values(ins: str, dst: NkiTensor, pattern: Any, offset: int, channel
         shape[i] = n
         values = values + (torch.arange(n, dtype=torch.int64) * step).reshape(shape)
     values = values.reshape(1, -1) + (torch.arange(dst.shape[0], dtype=torch.int64) * int(channel_multiplier))[:, None]
-    return values
+    return (values - _INT32_MIN) % (1 << 32) + _INT32_MIN  # wraps around as 32-bit integers do
+
+
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 def iota(dst: NkiTensor, pattern: Any, offset: int = 0, channel_multiplier: int = 0, name: str | None = None) -> Any:
@@ -1412,6 +1503,470 @@ def nc_stream_shuffle(dst: NkiTensor, src: NkiTensor, shuffle_mask: Any, name: s
     return dst
 
 
+# --------------------------------------------------------------------------------------------- search and statistics
+# aws-neuron/aws-neuron-sdk nki/api/nki/isa/__init__.py (NKI 0.6): max8, nc_find_index8, nc_match_replace8,
+# bn_stats, bn_aggr, tensor_scalar_cumulative, exponential, nc_n_gather, select_reduce, range_select
+
+
+def _free_elements(ins: str, operand: str, t: NkiTensor, low: int, high: int) -> None:
+    if not low <= t.free_size <= high:
+        raise NkiValidationError("err-size-of-dimension-exceed-arch-limit", ins, f"{operand} {t.shape} has "
+                                 f"{t.free_size} elements per partition", operand=operand, value=t.free_size,
+                                 limit=f"{low} to {high} elements per partition")
+
+
+def _eight_wide(ins: str, operand: str, t: NkiTensor, partitions: int) -> None:
+    if t.shape[0] != partitions or t.free_size != 8:
+        raise NkiValidationError("err-shape-mismatch", ins, f"{operand} {t.shape}", operand=operand, value=t.shape,
+                                 limit=f"({partitions}, 8): 8 elements per partition")
+
+
+def max8(dst: NkiTensor, src: NkiTensor, name: str | None = None) -> Any:
+    """The 8 largest values of each partition of `src` (8 to 16,384 elements), in descending order, compared in
+    float32 (Vector Engine)."""
+    ins = "nisa.max8"
+    launch = _begin(ins)
+    _ensure_dst(ins, dst)
+    _tile(ins, "src", src, launch)
+    _tile(ins, "dst", dst, launch)
+    _free_elements(ins, "src", src, 8, 16384)
+    _eight_wide(ins, "dst", dst, src.shape[0])
+    if launch.compute:
+        top = torch.topk(_flat(src), 8, dim=1, largest=True, sorted=True).values
+        write(dst, top.reshape(dst.shape))
+    return dst
+
+
+_INDEX8_DTYPES = {"uint16": 0xFFFF, "uint32": 0xFFFFFFFF}
+
+
+def _match8(data: torch.Tensor, vals: torch.Tensor, order: range) -> torch.Tensor:
+    """Per partition, the position of each of the 8 `vals` in `data`, taken in `order`: each value claims the first
+    position equal to it that no value before it in `order` claimed (-1 where none is left)."""
+    found = torch.full(vals.shape, -1, dtype=torch.int64)
+    claimed = torch.zeros(data.shape, dtype=torch.bool)
+    columns = torch.arange(data.shape[1])
+    for i in order:
+        hits = (data == vals[:, i:i + 1]) & ~claimed
+        any_hit = hits.any(dim=1)
+        first = torch.where(hits, columns, data.shape[1]).amin(dim=1)
+        found[:, i] = torch.where(any_hit, first, -1)
+        rows = torch.nonzero(any_hit).reshape(-1)
+        claimed[rows, first[rows]] = True
+    return found
+
+
+def nc_find_index8(dst: NkiTensor, data: NkiTensor, vals: NkiTensor, name: str | None = None) -> Any:
+    """Per partition, the index of the first occurrence in `data` of each of the 8 `vals` (uint16/uint32 `dst`;
+    all ones where a value is absent; repeated values take successive occurrences, in ascending order)."""
+    ins = "nisa.nc_find_index8"
+    launch = _begin(ins)
+    _ensure_dst(ins, dst)
+    for operand, t in (("data", data), ("vals", vals), ("dst", dst)):
+        _tile(ins, operand, t, launch)
+    _free_elements(ins, "data", data, 8, 16384)
+    _eight_wide(ins, "vals", vals, data.shape[0])
+    _eight_wide(ins, "dst", dst, data.shape[0])
+    if dst.dtype not in _INDEX8_DTYPES:
+        raise NkiValidationError("err-unsupported-dtype", ins, f"dst is {dst.dtype}", operand="dst", value=dst.dtype,
+                                 limit="uint32 (default) or uint16")
+    if launch.compute:
+        found = _match8(_flat(data), _flat(vals), range(8))
+        write(dst, torch.where(found < 0, _INDEX8_DTYPES[dst.dtype], found).reshape(dst.shape))
+    return dst
+
+
+def nc_match_replace8(dst: NkiTensor, data: NkiTensor, vals: NkiTensor, imm: float,
+                      dst_idx: NkiTensor | None = None, name: str | None = None) -> Any:
+    """`data` with the first occurrence of each of the 8 `vals` replaced by `imm` (Vector Engine); repeated values
+    are taken from the last to the first, each replacing the next occurrence, and `dst_idx` receives the positions."""
+    ins = "nisa.nc_match_replace8"
+    launch = _begin(ins)
+    _ensure_dst(ins, dst)
+    for operand, t in (("data", data), ("vals", vals), ("dst", dst)):
+        _tile(ins, operand, t, launch)
+    _same_layout(ins, "data", data, "dst", dst)
+    _free_elements(ins, "data", data, 8, 16384)
+    _eight_wide(ins, "vals", vals, data.shape[0])
+    if dst_idx is not None:
+        _tile(ins, "dst_idx", dst_idx, launch)
+        _eight_wide(ins, "dst_idx", dst_idx, data.shape[0])
+    try:
+        replacement = float(imm)
+    except (TypeError, ValueError):
+        raise NkiValidationError("err-invalid-operand", ins, f"imm {imm!r} is not a number", operand="imm") from None
+    if launch.compute:
+        values = _flat(data)
+        found = _match8(values, _flat(vals), range(7, -1, -1))
+        if dst_idx is not None and bool((found < 0).any()):
+            # the reference does not say what dst_idx holds for a value that is absent: refuse, not guess
+            raise NkiValidationError("err-unsupported-feature", ins, "a value of vals is absent from data, and the "
+                                     "API reference does not document dst_idx for it", operand="dst_idx",
+                                     hint="check with nc_find_index8 first, or pass no dst_idx")
+        out = values.clone()
+        rows, cols = torch.nonzero(found >= 0, as_tuple=True)
+        out[rows, found[rows, cols]] = replacement
+        write(dst, out.reshape(dst.shape))
+        if dst_idx is not None:
+            write(dst_idx, found.reshape(dst_idx.shape))
+    return dst
+
+
+def bn_stats(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> Any:
+    """Per partition, (count, mean, variance * count) of the even-indexed and then of the odd-indexed elements of
+    `data` (at most 512 per partition), in float32 (Vector Engine)."""
+    ins = "nisa.bn_stats"
+    launch = _begin(ins)
+    _ensure_dst(ins, dst)
+    _tile(ins, "data", data, launch)
+    _tile(ins, "dst", dst, launch)
+    _free_elements(ins, "data", data, 1, 512)  # nl.tile_size.bn_stats_fmax
+    if dst.shape[0] != data.shape[0] or dst.free_size != 6:
+        raise NkiValidationError("err-shape-mismatch", ins, f"dst {dst.shape}", operand="dst", value=dst.shape,
+                                 limit=f"({data.shape[0]}, 6): 6 statistics per partition")
+    if launch.compute:
+        x = _flat(data)
+        parts = []
+        for half in (x[:, 0::2], x[:, 1::2]):
+            count = half.shape[1]
+            # an empty half (one element per partition) reports count 0; its mean and sum of squares are 0 here,
+            # which bn_aggr weighs by that count of 0
+            mean = half.mean(dim=1) if count else torch.zeros(x.shape[0])
+            m2 = ((half - mean[:, None]) ** 2).sum(dim=1)
+            parts += [torch.full((x.shape[0],), float(count)), mean, m2]
+        write(dst, torch.stack(parts, dim=1).reshape(dst.shape))
+    return dst
+
+
+def bn_aggr(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> Any:
+    """Per partition, the mean and the (population) variance of the elements that the (count, mean,
+    variance * count) triples of one or more ``bn_stats`` outputs describe, in float32 (Vector Engine)."""
+    ins = "nisa.bn_aggr"
+    launch = _begin(ins)
+    _ensure_dst(ins, dst)
+    _tile(ins, "data", data, launch)
+    _tile(ins, "dst", dst, launch)
+    if data.free_size % 3:
+        raise NkiValidationError("err-shape-mismatch", ins, f"data {data.shape} has {data.free_size} elements per "
+                                 "partition", operand="data", value=data.free_size,
+                                 limit="a multiple of 3 ((count, mean, variance * count) triples of bn_stats)")
+    if dst.shape[0] != data.shape[0] or dst.free_size != 2:
+        raise NkiValidationError("err-shape-mismatch", ins, f"dst {dst.shape}", operand="dst", value=dst.shape,
+                                 limit=f"({data.shape[0]}, 2): a mean and a variance per partition")
+    if launch.compute:
+        triples = _flat(data).reshape(data.shape[0], -1, 3)
+        count, mean, m2 = triples.unbind(dim=2)
+        total = count.sum(dim=1)
+        weighted = torch.where(count > 0, count * mean, 0.0)
+        overall = weighted.sum(dim=1) / total
+        spread = torch.where(count > 0, m2 + count * (mean - overall[:, None]) ** 2, 0.0)
+        write(dst, torch.stack([overall, spread.sum(dim=1) / total], dim=1).reshape(dst.shape))
+    return dst
+
+
+_CUMULATIVE_INIT = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "maximum": -math.inf, "minimum": math.inf}
+_NO_INT32 = ("int32", "uint32")
+
+
+def tensor_scalar_cumulative(dst: NkiTensor, src: NkiTensor, op0: Any, op1: Any, imm0: Any, imm1: Any = None,
+                             reduce_cmd: reduce_cmd = reduce_cmd.reset_reduce, name: str | None = None) -> Any:
+    """Per partition, along the free elements: ``reg = op1(src[i] op0 imm0, reg); dst[i] = reg`` in float32, with
+    the Vector Engine's accumulators (shared with tensor_scalar_reduce) as the running value."""
+    ins = "nisa.tensor_scalar_cumulative"
+    launch = _begin(ins)
+    _ensure_dst(ins, dst)
+    _tile(ins, "src", src, launch)
+    _tile(ins, "dst", dst, launch)
+    _same_layout(ins, "src", src, "dst", dst)
+    for operand, t in (("src", src), ("dst", dst)):
+        if t.dtype in _NO_INT32:
+            raise NkiValidationError("err-unsupported-dtype", ins, f"{operand} is {t.dtype}", operand=operand,
+                                     value=t.dtype, limit="bf16, fp16, fp32, fp8, uint8, uint16, int8 or int16")
+    n0, n1 = op_name(op0), op_name(op1)
+    if n0 in BITVEC or n0 not in BINARY:
+        raise NkiValidationError("err-unsupported-operator", ins, f"op0 {n0}", operand="op0", value=n0,
+                                 limit="an arithmetic operator")
+    _check_op_target(ins, n0, launch, "op0")
+    if n1 not in _CUMULATIVE_INIT:
+        raise NkiValidationError("err-unsupported-operator", ins, f"op1 {n1}", operand="op1", value=n1,
+                                 limit="nl.add, nl.subtract, nl.multiply, nl.maximum or nl.minimum")
+    if reduce_cmd not in (_RESET_REDUCE, _REDUCE, _LOAD_REDUCE):
+        raise NkiValidationError("err-unsupported-feature", ins, f"reduce_cmd {reduce_cmd}", operand="reduce_cmd",
+                                 limit="reset_reduce, reduce or load_reduce")
+    if (imm1 is not None) != (reduce_cmd is _LOAD_REDUCE):
+        raise NkiValidationError("err-invalid-operand", ins, "imm1 goes with reduce_cmd=load_reduce, and only with it",
+                                 operand="imm1")
+    p = src.shape[0]
+    for operand, value in (("imm0", imm0), ("imm1", imm1)):
+        if isinstance(value, _NkiTensor) and value.dtype != "float32":
+            raise NkiValidationError("err-unsupported-dtype", ins, f"{operand} is {value.dtype}", operand=operand,
+                                     value=value.dtype, limit="float32")
+    v0 = _vector_operand(ins, "imm0", imm0, p, launch)
+    v1 = _vector_operand(ins, "imm1", imm1, p, launch)
+    if not launch.compute:
+        return dst
+    x = _apply(n0, _flat(src), v0, False)
+    regs = _vector_regs(launch)
+    if reduce_cmd is _RESET_REDUCE:
+        regs[:p] = _CUMULATIVE_INIT[n1]
+    elif reduce_cmd is _LOAD_REDUCE:
+        regs[:p] = v1.reshape(p) if torch.is_tensor(v1) else float(v1)  # type: ignore[arg-type]
+    out = torch.empty_like(x)
+    reg = regs[:p].clone()
+    for i in range(x.shape[1]):  # the documented order: op1(element, reg), one element at a time
+        reg = _binary(n1, x[:, i], reg).to(torch.float32)
+        out[:, i] = reg
+    regs[:p] = reg
+    write(dst, out.reshape(dst.shape))
+    return dst
+
+
+def _vector_regs(launch: Launch) -> torch.Tensor:
+    """The Vector Engine's accumulators, NaN until an instruction sets them (as the engine's unknown state)."""
+    if launch.vector_regs is None:
+        launch.vector_regs = torch.full((launch.target.pmax,), float("nan"))
+    return launch.vector_regs
+
+
+def exponential(dst: NkiTensor, src: NkiTensor, max_value: Any = 0.0, reduce_res: NkiTensor | None = None,
+                reduce_cmd: reduce_cmd = reduce_cmd.idle, reduce_init: Any = 0.0, name: str | None = None) -> Any:
+    """trn3's Vector Engine ``dst = exp(src - max_value)`` in float32, optionally summed into the Vector Engine's
+    accumulators (``reset_reduce``, ``reduce``, ``load_reduce``) and read out into `reduce_res`."""
+    ins = "nisa.exponential"
+    launch = _begin(ins)
+    _ensure_dst(ins, dst)
+    if launch.target.nc_version < 4:
+        raise NkiValidationError("err-unsupported-feature", ins, f"not on {launch.target.name}", operand="dst",
+                                 limit="NeuronCore-v4 (trn3) or newer",
+                                 hint="use nisa.activation(op=nl.exp, bias=-max) on the Scalar Engine")
+    _tile(ins, "src", src, launch)
+    _tile(ins, "dst", dst, launch)
+    _same_layout(ins, "src", src, "dst", dst)
+    if reduce_cmd not in (_IDLE, _RESET_REDUCE, _REDUCE, _LOAD_REDUCE):
+        raise NkiValidationError("err-unsupported-feature", ins, f"reduce_cmd {reduce_cmd}", operand="reduce_cmd",
+                                 limit="idle, reset_reduce, reduce or load_reduce")
+    if reduce_cmd is not _LOAD_REDUCE and not (isinstance(reduce_init, (int, float)) and reduce_init == 0.0):
+        raise NkiValidationError("err-invalid-operand", ins, "reduce_init is set without reduce_cmd=load_reduce",
+                                 operand="reduce_init", value=reduce_init, limit="unset or 0.0")
+    if reduce_res is not None and reduce_cmd is _IDLE:
+        # AWS: with idle "no accumulation performed, accumulator state unknown": nothing defined to read out
+        raise NkiValidationError("err-invalid-operand", ins, "reduce_res with reduce_cmd=idle reads accumulators "
+                                 "whose state the reference calls unknown", operand="reduce_res",
+                                 hint="pass reduce_cmd=nisa.reduce_cmd.reset_reduce (or reduce, load_reduce)")
+    p = src.shape[0]
+    for operand, value in (("max_value", max_value), ("reduce_init", reduce_init)):
+        if isinstance(value, _NkiTensor) and value.dtype != "float32":
+            raise NkiValidationError("err-unsupported-dtype", ins, f"{operand} is {value.dtype}", operand=operand,
+                                     value=value.dtype, limit="float32")
+    shift = _vector_operand(ins, "max_value", max_value, p, launch)
+    init = _vector_operand(ins, "reduce_init", reduce_init, p, launch)
+    if reduce_res is not None:
+        _tile(ins, "reduce_res", reduce_res, launch)
+        if reduce_res.shape[0] != p or reduce_res.free_size != 1:
+            raise NkiValidationError("err-shape-mismatch", ins, f"reduce_res {reduce_res.shape}", operand="reduce_res",
+                                     value=reduce_res.shape, limit=f"({p}, 1)")
+    if not launch.compute:
+        return dst
+    out = torch.exp(_flat(src) - shift)
+    write(dst, out.reshape(dst.shape))
+    regs = _vector_regs(launch)
+    if reduce_cmd is _IDLE:
+        regs[:p] = float("nan")  # AWS: the state may still change under idle; a later reduce must reset first
+        return dst
+    if reduce_cmd is _RESET_REDUCE:
+        regs[:p] = 0.0
+    elif reduce_cmd is _LOAD_REDUCE:
+        regs[:p] = init.reshape(p) if torch.is_tensor(init) else float(init)  # type: ignore[arg-type]
+    # AWS: accumulator += dst[i], the engine's float32 values (before the cast to dst's dtype, as activation's)
+    regs[:p] = regs[:p] + out.sum(dim=1)
+    if reduce_res is not None:
+        write(reduce_res, regs[:p].reshape(reduce_res.shape))
+    return dst
+
+
+def nc_n_gather(dst: NkiTensor, data: NkiTensor, indices: NkiTensor, name: str | None = None) -> Any:
+    """Within each partition, ``dst[p, j] = data[p].flatten()[indices[p, j]]`` (GpSimd Engine, SBUF only, uint32
+    indices, dst of data's dtype: a bit-exact move)."""
+    ins = "nisa.nc_n_gather"
+    launch = _begin(ins)
+    _ensure_dst(ins, dst)
+    for operand, t in (("data", data), ("indices", indices), ("dst", dst)):
+        _tile(ins, operand, t, launch, (MemoryRegion.sbuf,))
+    if indices.dtype != "uint32":
+        raise NkiValidationError("err-unsupported-dtype", ins, f"indices is {indices.dtype}", operand="indices",
+                                 value=indices.dtype, limit="uint32")
+    if dst.dtype != data.dtype:
+        raise NkiValidationError("err-unsupported-dtype", ins, f"dst is {dst.dtype}, data {data.dtype}",
+                                 operand="dst", value=dst.dtype, limit=f"the dtype of data ({data.dtype})")
+    _same_layout(ins, "indices", indices, "dst", dst)
+    if data.shape[0] != dst.shape[0]:
+        raise NkiValidationError("err-shape-mismatch", ins, f"data {data.shape} and dst {dst.shape}", operand="data",
+                                 value=data.shape[0], limit=f"{dst.shape[0]} partitions")
+    if launch.compute:
+        index = _flat(indices, torch.int64)
+        if bool(((index < 0) | (index >= data.free_size)).any()):
+            raise NkiValidationError("err-tensor-access-out-of-bound", ins, "an index leaves its partition's "
+                                     f"{data.free_size} elements", operand="indices",
+                                     limit=f"[0, {data.free_size})")
+        write(dst, _flat(data, _native(data)).gather(1, index).reshape(dst.shape))
+    return dst
+
+
+_FP32_MIN = -3.4028234663852886e38
+_RANGE_COMPARE = ("equal", "less", "less_equal", "greater", "greater_equal")
+
+
+def _vector_reduce_max(launch: Launch, values: torch.Tensor, cmd: Any, reduce_res: NkiTensor | None) -> None:
+    """Fold per-partition maxima of `values` into the Vector Engine's accumulators as `cmd` says (reset_reduce from
+    -inf, reduce on top; idle leaves them unknown) and read them out into `reduce_res`."""
+    p = values.shape[0]
+    regs = _vector_regs(launch)
+    if cmd is _IDLE:
+        regs[:p] = float("nan")  # AWS: under idle the accumulator state may still change
+        return
+    if cmd is _RESET_REDUCE:
+        regs[:p] = -math.inf
+    regs[:p] = torch.maximum(regs[:p], values.amax(dim=1))
+    if reduce_res is not None:
+        write(reduce_res, regs[:p].reshape(reduce_res.shape))
+
+
+def _check_vector_reduce(ins: str, launch: Launch, cmd: Any, reduce_op: Any, reduce_res: NkiTensor | None,
+                         p: int) -> None:
+    if op_name(reduce_op) != "maximum":
+        raise NkiValidationError("err-unsupported-operator", ins, f"reduce_op {op_name(reduce_op)}",
+                                 operand="reduce_op", value=op_name(reduce_op), limit="nl.maximum")
+    if cmd not in (_IDLE, _RESET_REDUCE, _REDUCE):
+        raise NkiValidationError("err-unsupported-feature", ins, f"reduce_cmd {cmd}", operand="reduce_cmd",
+                                 limit="idle, reset_reduce or reduce")
+    if reduce_res is None:
+        return
+    if cmd is _IDLE:
+        raise NkiValidationError("err-invalid-operand", ins, "reduce_res with reduce_cmd=idle: no reduction runs, "
+                                 "and the reference calls the accumulators' state unknown then", operand="reduce_res",
+                                 hint="pass reduce_cmd=nisa.reduce_cmd.reset_reduce")
+    _tile(ins, "reduce_res", reduce_res, launch)
+    if reduce_res.shape[0] != p or reduce_res.free_size != 1:
+        raise NkiValidationError("err-shape-mismatch", ins, f"reduce_res {reduce_res.shape}", operand="reduce_res",
+                                 value=reduce_res.shape, limit=f"({p}, 1)")
+    if not _dtypes.is_float(reduce_res.dtype):
+        raise NkiValidationError("err-unsupported-dtype", ins, f"reduce_res is {reduce_res.dtype}",
+                                 operand="reduce_res", value=reduce_res.dtype, limit="a float dtype")
+
+
+def select_reduce(dst: NkiTensor, predicate: NkiTensor, on_true: NkiTensor, on_false: Any,
+                  reduce_res: NkiTensor | None = None, reduce_cmd: reduce_cmd = reduce_cmd.idle,
+                  reduce_op: Any = None, reverse_pred: bool = False, name: str | None = None) -> Any:
+    """``dst = where(predicate, on_true, on_false)`` (Vector Engine), with the row maxima folded into the Vector
+    Engine's accumulators when `reduce_cmd` is ``reset_reduce`` (from -inf) or ``reduce``."""
+    ins = "nisa.select_reduce"
+    launch = _begin(ins)
+    _ensure_dst(ins, dst)
+    for operand, t in (("predicate", predicate), ("on_true", on_true), ("dst", dst)):
+        _tile(ins, operand, t, launch)
+    _same_layout(ins, "on_true", on_true, "dst", dst)
+    _same_layout(ins, "on_true", on_true, "predicate", predicate)
+    _not_both_psum(ins, ("on_true", "predicate"), on_true, predicate)
+    if predicate.dtype not in ("int8", "uint8", "int16", "uint16"):
+        raise NkiValidationError("err-unsupported-dtype", ins, f"predicate is {predicate.dtype}", operand="predicate",
+                                 value=predicate.dtype, limit="int8, uint8, int16 or uint16")
+    if on_true.dtype in ("tfloat32", "int32", "uint32"):
+        raise NkiValidationError("err-unsupported-dtype", ins, f"on_true is {on_true.dtype}", operand="on_true",
+                                 value=on_true.dtype, limit="any dtype but tfloat32, int32 and uint32")
+    p = on_true.shape[0]
+    _check_vector_reduce(ins, launch, reduce_cmd, _MAXIMUM if reduce_op is None else reduce_op, reduce_res, p)
+    fallback = _vector_operand(ins, "on_false", on_false, p, launch)
+    if not launch.compute:
+        return dst
+    mask = _flat(predicate, torch.int64) != 0
+    if reverse_pred:
+        mask = ~mask
+    result = torch.where(mask, _flat(on_true), fallback)  # type: ignore[arg-type]
+    write(dst, result.reshape(dst.shape))
+    _vector_reduce_max(launch, result, reduce_cmd, reduce_res)
+    return dst
+
+
+def range_select(dst: NkiTensor, on_true_tile: NkiTensor, comp_op0: Any, comp_op1: Any, bound0: NkiTensor,
+                 bound1: NkiTensor, reduce_cmd: reduce_cmd = reduce_cmd.reset_reduce,
+                 reduce_res: NkiTensor | None = None, reduce_op: Any = None, range_start: int = 0,
+                 on_false_value: float = _FP32_MIN, name: str | None = None) -> Any:
+    """``dst = where(op0(i, bound0) & op1(i, bound1), on_true_tile, FP32_MIN)`` where i is range_start plus the
+    free index, compared in float32 (Vector Engine, trn2 and trn3), with the row maxima into the accumulators."""
+    ins = "nisa.range_select"
+    launch = _begin(ins)
+    _ensure_dst(ins, dst)
+    if launch.target.nc_version < 3:
+        raise NkiValidationError("err-unsupported-feature", ins, f"not on {launch.target.name}", operand="dst",
+                                 limit="NeuronCore-v3 (trn2) or newer")
+    _tile(ins, "on_true_tile", on_true_tile, launch)
+    _tile(ins, "dst", dst, launch)
+    _same_layout(ins, "on_true_tile", on_true_tile, "dst", dst)
+    if not _dtypes.is_float(on_true_tile.dtype):
+        raise NkiValidationError("err-unsupported-dtype", ins, f"on_true_tile is {on_true_tile.dtype}",
+                                 operand="on_true_tile", value=on_true_tile.dtype, limit="a float dtype")
+    ops = []
+    for operand, op in (("comp_op0", comp_op0), ("comp_op1", comp_op1)):
+        n = op_name(op)
+        if n not in _RANGE_COMPARE:
+            raise NkiValidationError("err-unsupported-operator", ins, f"{operand} {n}", operand=operand, value=n,
+                                     limit=", ".join(f"nl.{c}" for c in _RANGE_COMPARE))
+        ops.append(n)
+    p = on_true_tile.shape[0]
+    bounds = []
+    for operand, bound in (("bound0", bound0), ("bound1", bound1)):
+        if not isinstance(bound, _NkiTensor) or bound.dtype != "float32":
+            raise NkiValidationError("err-unsupported-dtype", ins, f"{operand} must be a float32 ({p}, 1) tile",
+                                     operand=operand, value=getattr(bound, "dtype", type(bound).__name__),
+                                     limit="float32")
+        bounds.append(_vector_operand(ins, operand, bound, p, launch))
+    if not isinstance(range_start, int) or isinstance(range_start, bool):
+        raise NkiValidationError("err-invalid-operand", ins, f"range_start {range_start!r}", operand="range_start",
+                                 limit="a compile-time integer")
+    if range_start + on_true_tile.free_size > 2 ** 24 or range_start < -(2 ** 24):
+        raise NkiValidationError("err-invalid-operand", ins, "range_start plus the free index leaves float32's "
+                                 "exact integers", operand="range_start", value=range_start, limit="within 2^24")
+    if torch.tensor(float(on_false_value), dtype=torch.float32).item() != _FP32_MIN:  # as written to fp32
+        raise NkiValidationError("err-invalid-operand", ins, f"on_false_value {on_false_value!r}",
+                                 operand="on_false_value", value=on_false_value,
+                                 limit="FP32_MIN (-3.4028235e+38), a hardware constraint")
+    _check_vector_reduce(ins, launch, reduce_cmd, _MAXIMUM if reduce_op is None else reduce_op, reduce_res, p)
+    if not launch.compute:
+        return dst
+    index = (range_start + torch.arange(on_true_tile.free_size, dtype=torch.float32)).expand(p, -1)
+    mask = _binary(ops[0], index, bounds[0]).bool() & _binary(ops[1], index, bounds[1]).bool()
+    result = torch.where(mask, _flat(on_true_tile), torch.tensor(_FP32_MIN, dtype=torch.float32))
+    write(dst, result.reshape(dst.shape))
+    _vector_reduce_max(launch, result, reduce_cmd, reduce_res)
+    return dst
+
+
+_MAXIMUM = "maximum"  # the default reduce_op of select_reduce / range_select (nl.maximum; nl sits above isa)
+
+
+# the functions of AWS's NKI 0.6 isa reference that are not emulated, with why (docs/nki.md, "Not implemented")
+_RNG = "the hardware generator's word order, seeding and word-to-float mapping are not documented"
+_MULTI_CORE = "needs several NeuronCores running at once; the interpreter runs one program at a time"
+_NOT_EMULATED = {
+    "sequence_bounds": "the reference leaves its NumPy equivalent empty and does not say whether the end index "
+                       "is inclusive",
+    "topk": "the reference's 16-partition snake layout and 'each partition selects its own top K' disagree",
+    "local_gather": "the reference does not document where each core's gathered elements land in dst",
+    "nc_matmul_mx": "trn3 MX block-scaled formats; the scale layout is not emulated",
+    "quantize_mx": "trn3 MX block-scaled formats; the scale layout is not emulated",
+    "core_barrier": _MULTI_CORE, "sendrecv": _MULTI_CORE,
+    "rand2": _RNG, "rand_get_state": _RNG, "rand_set_state": _RNG, "set_rng_seed": _RNG, "rng": _RNG,
+    "dropout": _RNG,
+}
+
+
+def __getattr__(name: str) -> Any:
+    reason = _NOT_EMULATED.get(name)
+    if reason is not None:
+        raise AttributeError(f"module 'nki.isa' has no attribute {name!r}: nisa.{name} is in AWS's NKI 0.6 reference "
+                             f"but not emulated here ({reason}; docs/nki.md, 'Not implemented')")
+    raise AttributeError(f"module 'nki.isa' has no attribute {name!r}")
+
 def _dst_first(fn: Any) -> Any:
     """Turn an older-dialect call (no ``dst``, the result returned) into ``err-missing-dst`` instead of the plain
     TypeError Python raises for a missing argument; any other TypeError passes through unchanged."""
@@ -1442,7 +1997,8 @@ for _name in ("dma_copy", "dma_transpose", "tensor_copy", "memset", "tensor_tens
               "activation_reduce", "reciprocal", "tensor_reduce", "tensor_partition_reduce", "tensor_tensor_scan",
               "tensor_copy_predicated", "iota", "affine_select", "nc_matmul", "nc_transpose", "scalar_tensor_tensor",
               "tensor_scalar_reduce", "nonzero_with_count", "nc_stream_shuffle", "activate2",
-              "dma_compute"):
+              "dma_compute", "max8", "nc_find_index8", "nc_match_replace8", "bn_stats", "bn_aggr",
+              "tensor_scalar_cumulative", "exponential", "nc_n_gather", "select_reduce", "range_select"):
     globals()[_name] = _dst_first(globals()[_name])
 del _name
 register_operations(tensor_copy=tensor_copy, dma_copy=dma_copy, memset=memset)  # for t[...] = x (see _tensor)

@@ -509,6 +509,26 @@ def transpose(x: NkiTensor, dtype: Any = None) -> NkiTensor:
     return out
 
 
+def gather_flattened(data: NkiTensor, indices: NkiTensor, axis: int = 0, dtype: Any = None) -> NkiTensor:
+    """Per partition, the elements of `data`'s flattened free dimensions at `indices` (AWS nl.gather_flattened),
+    into a new SBUF tile shaped like `indices`: GpSimd's ``nisa.nc_n_gather`` (uint32 indices), then a cast to
+    `dtype` if one is given. Only the documented default ``axis=0`` is taken: the reference does not say what
+    another axis selects."""
+    launch = current()
+    launch.count("nl.gather_flattened")
+    if axis != 0:
+        raise NkiValidationError("err-unsupported-feature", "nl.gather_flattened", f"axis={axis}: the reference "
+                                 "documents only the gather from the flattened free dimensions", operand="axis",
+                                 value=axis, limit="0 (the default)")
+    gathered = allocate(indices.shape, data.dtype, sbuf, instruction="nl.gather_flattened")
+    isa.nc_n_gather(dst=gathered, data=data, indices=indices)
+    if dtype is None or _dtypes.canonical(dtype) == data.dtype:
+        return gathered
+    out = allocate(indices.shape, dtype, sbuf, instruction="nl.gather_flattened")
+    isa.tensor_copy(dst=out, src=gathered)
+    return out
+
+
 def matmul(x: NkiTensor, y: NkiTensor, transpose_x: bool = False) -> NkiTensor:
     """``x @ y`` (or ``x.T @ y`` with transpose_x) into a new float32 PSUM tile."""
     launch = current()
@@ -655,7 +675,18 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'nki.language' has no attribute {name!r}: {reason}, out of support since "
                              "Neuron 2.28 and not emulated; in NKI 0.6 index with slices (t[0:128, 0:512]), nl.ds(), "
                              "or .ap() access patterns")
+    reason = _NOT_EMULATED.get(name)
+    if reason is not None:
+        raise AttributeError(f"module 'nki.language' has no attribute {name!r}: nl.{name} is in AWS's NKI 0.6 "
+                             f"reference but not emulated here ({reason}; docs/nki.md, 'Not implemented')")
     raise AttributeError(f"module 'nki.language' has no attribute {name!r}")
+
+
+_PACKED = "an x4 packed dtype, used only by nc_matmul_mx and quantize_mx, which are not emulated"
+_NOT_EMULATED = {
+    "float8_e5m2_x4": _PACKED, "float8_e4m3fn_x4": _PACKED, "float4_e2m1fn_x4": _PACKED,
+    "dropout": "built on the hardware random generator, whose state-to-number mapping is not documented",
+}
 
 
 register_operations(add=add, subtract=subtract, multiply=multiply, divide=divide, negative=negative)  # a + b on tiles
