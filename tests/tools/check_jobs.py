@@ -115,6 +115,8 @@ def checkpoints_job(device: str, out: str) -> None:
     save_file({"w": square.t().contiguous() if device == "neuron" else square.contiguous(),  # the fault
                "b": state["0.bias"].contiguous()}, os.path.join(out, "square.safetensors"))
     save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(out, "good.safetensors"))  # correct
+    nudged = {**state, "2.weight": state["2.weight"] + (0.01 if device == "neuron" else 0.0)}
+    torch.save(nudged, os.path.join(out, "sgd_nudged.pt"))  # the fault: off by 0.01 after SGD (the tight bound)
     distributed_checkpoints(model, device, out)
 
 
@@ -202,6 +204,75 @@ def daemons_job(device: str, out: str) -> None:
         record(out, [daemon.pid, int(f.read())])
 
 
+class Classifier(torch.nn.Module):
+    """A classifier with what a checkpoint check must tell apart: trained weights (one square), a scalar added to
+    every logit (softmax ignores it, so its gradient is zero up to rounding and Adam moves it by +-lr on the sign
+    rounding picks, as a bias before BatchNorm), a frozen layer and a buffer (never updated: the tight bound)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16),
+                                        torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        self.shift = torch.nn.Parameter(torch.zeros(1))
+        self.frozen = torch.nn.Linear(4, 4)
+        self.frozen.requires_grad_(False)
+        self.register_buffer("scale", torch.full((4,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.frozen(self.body(x)) * self.scale + self.shift
+
+
+def adamw_job(device: str, out: str) -> None:
+    """Issue 29 (h29): AdamW-trained checkpoints compared with the reference's, one process or DDP (one process of
+    the global batch as the reference). adamw.pt is correct; each other file plants one fault on neuron: a tensor
+    scaled by 1.5, a square one transposed, a key missing, a frozen weight nudged by less than AdamW's allowance
+    (untouched tensors keep the tight bound), and a file saved before training on neuron, after it on CPU."""
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    dev = torch.device(device)
+    if world > 1:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        if device == "neuron":
+            torch.neuron.set_device(int(os.environ["LOCAL_RANK"]))
+            dev = torch.device("neuron", int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("neuron" if device == "neuron" else "gloo")
+    model = Classifier().to(dev)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(8, 8, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(6)]
+    run = DistributedDataParallel(model) if world > 1 else model
+    opt = torch.optim.AdamW([p for p in run.parameters() if p.requires_grad], lr=1e-3)
+
+    def state() -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+    if rank == 0 and device == "neuron":  # the fault: saved before training on neuron (after it on CPU)
+        torch.save(state(), os.path.join(out, "adamw_before.pt"))
+    for x, y in data:
+        rows = slice(rank * 8 // world, (rank + 1) * 8 // world)  # this rank's share of the global batch
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(run(x[rows].to(dev)), y[rows].to(dev)).backward()
+        opt.step()
+    if rank == 0:
+        trained = state()
+        torch.save(trained, os.path.join(out, "adamw.pt"))  # correct
+        if device != "neuron":
+            torch.save(trained, os.path.join(out, "adamw_before.pt"))
+        faults = {"scaled": ("body.0.weight", lambda t: t * 1.5), "transposed": ("body.2.weight", lambda t: t.t()),
+                  "frozen": ("frozen.weight", lambda t: t + 5e-3), "missing": ("body.4.bias", None)}
+        for name, (key, change) in faults.items():
+            planted = dict(trained)
+            if device == "neuron" and change is None:
+                planted.pop(key)
+            elif device == "neuron":
+                planted[key] = change(planted[key]).contiguous()
+            torch.save(planted, os.path.join(out, f"adamw_{name}.pt"))
+    if world > 1:
+        del run, opt
+        dist.destroy_process_group()
+
+
 def distributed_job(fault: str, device: str, out: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -260,6 +331,8 @@ def main() -> None:
         losses_job(job, device)
     elif job == "checkpoints":
         checkpoints_job(device, out)
+    elif job == "adamw":
+        adamw_job(device, out)
     elif job == "resume":
         resume_job(device, out)
     elif job == "compiled_dropout":

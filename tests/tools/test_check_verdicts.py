@@ -246,3 +246,149 @@ def test_a_nan_the_reference_has_too_is_not_a_divergence() -> None:
     assert not verdicts._close(nan, 1.0, 1e-3, 1e-4) and not verdicts._close(1.0, nan, 1e-3, 1e-4)
     assert not verdicts._close(inf, -inf, 1e-3, 1e-4) and not verdicts._close(inf, 1e300, 1e-3, 1e-4)
     assert verdicts._close(1.0, 1.0005, 1e-3, 1e-4) and not verdicts._close(1.0, 1.01, 1e-3, 1e-4)
+
+
+# ------------------------------------------------------------------ h29: the optimizer's allowance for trained weights
+def _updates(cls: Any, grads: list[float], **kwargs: Any) -> list[float]:
+    """|update| of a one-element parameter at each step of PyTorch's own optimizer fed `grads`."""
+    import torch
+
+    p = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
+    opt = cls([p], **kwargs)
+    out = []
+    for g in grads:
+        before = p.detach().clone()
+        p.grad = torch.tensor([g], dtype=torch.float64)
+        opt.step()
+        out.append(float((p.detach() - before).abs()))
+    return out
+
+
+@pytest.mark.parametrize("name,kind,kwargs", [
+    ("Adam", "adam", {}), ("AdamW", "adam", {"weight_decay": 0.0}), ("Adam", "adam", {"amsgrad": True}),
+    ("Adamax", "adamax", {}), ("NAdam", "nadam", {}), ("RAdam", "radam", {}), ("Adagrad", "adagrad", {}),
+    ("RMSprop", "rmsprop", {}), ("RMSprop", "rmsprop", {"momentum": 0.5})])
+def test_each_families_bound_holds_for_pytorchs_updates(name: str, kind: str, kwargs: dict[str, Any]) -> None:
+    # The bound is derived, not measured (tools/check/optimizers.py): PyTorch's own optimizer, fed gradient
+    # sequences built to make its update large (a spike after tiny gradients, a sign flip, growing gradients, the
+    # Cauchy-Schwarz sequence), never moves an element further than step_bound says at any step.
+    import random
+
+    import torch
+
+    from torch_neuronx.tools.check import optimizers
+
+    cls = getattr(torch.optim, name)
+    lr = 0.01
+    rng = random.Random(0)
+    sequences = [[1e-8] * 20 + [1.0] * 5, [1.0, -1.0] * 12, [1.1 ** k for k in range(25)],
+                 [(0.9 / 0.999) ** (24 - k) for k in range(25)], [rng.gauss(0, 1) for _ in range(25)],
+                 [rng.choice([1e-9, 1.0, -3.0]) for _ in range(25)]]
+    defaults = cls([torch.nn.Parameter(torch.zeros(1))], lr=lr, **kwargs).param_groups[0]
+    assert optimizers.family(cls([torch.nn.Parameter(torch.zeros(1))], lr=lr)) == (name, kind)
+    for grads in sequences:
+        for t, moved in enumerate(_updates(cls, grads, lr=lr, eps=1e-12, **kwargs), start=1):
+            bound = optimizers.step_bound(kind, defaults, t)
+            if kind == "radam" and bound == 0.0:
+                continue  # RAdam's first steps are lr x m_hat, linear in the gradient as SGD's: no allowance
+            # 1e-6: PyTorch keeps some of its per-step factors (NAdam's mu product) in float32
+            assert moved <= bound * (1 + 1e-6) + 1e-15, (grads[:3], t, moved)
+
+
+def test_adams_bound_is_reached_and_sgd_keeps_the_tight_bound() -> None:
+    # The Cauchy-Schwarz case g_k = (b1/b2)^(t-k) makes Adam's t-th update exactly c_t x lr: the bound is tight.
+    # RMSprop's first step moves by lr / sqrt(1 - alpha) (10 x lr), Adagrad's by lr; SGD gets no allowance.
+    import torch
+
+    from torch_neuronx.tools.check import optimizers
+
+    group = {"lr": 0.01, "betas": (0.9, 0.999)}
+    for t in (1, 3, 10, 40):
+        worst = [(0.9 / 0.999) ** (t - k) for k in range(1, t + 1)]
+        moved = _updates(torch.optim.Adam, worst, lr=0.01, eps=1e-30)[-1]
+        assert moved == pytest.approx(optimizers.step_bound("adam", group, t), rel=1e-9)
+    assert optimizers.step_bound("adam", group, 1) == pytest.approx(0.01)
+    assert _updates(torch.optim.RMSprop, [0.3], lr=0.01, eps=1e-30)[0] == pytest.approx(0.1)
+    assert optimizers.step_bound("rmsprop", {"lr": 0.01, "alpha": 0.99}, 1) == pytest.approx(0.1)
+    assert optimizers.step_bound("rmsprop", {"lr": 0.01, "centered": True}, 1) == float("inf")
+    p = torch.nn.Parameter(torch.zeros(1))
+    assert optimizers.family(torch.optim.SGD([p], lr=0.1)) == ("SGD", "sgd")
+    assert optimizers.step_bound("sgd", {"lr": 0.1}, 5) == 0.0
+    wrapper = type("Wrapper", (), {"optim": torch.optim.AdamW([p])})()  # as ZeroRedundancyOptimizer holds its own
+    assert optimizers.family(wrapper) == ("AdamW", "adam")
+    assert optimizers.describe("AdamW", "adam", 3, [0.01, 0.01], 0.06) == "AdamW: 3 steps at lr 0.01: allowance 0.06"
+
+
+def test_checkpoint_keys_are_matched_to_the_optimizers_parameters() -> None:
+    # By name and shape, through wrappers' prefixes (DDP's module., torch.compile's _orig_mod.) and a dict around the
+    # state (dcp.save({"model": ...})); a frozen parameter or a buffer keeps 0; a key that names no parameter gets
+    # the largest allowance among the trained ones of its shape, and says so.
+    from torch_neuronx.tools.check.cpu_loader import allowance
+
+    trained = {"optimizer": "AdamW", "family": "adam", "steps": 3, "untouched": ["frozen.weight", "norm.running_mean"],
+               "params": [{"names": ["module.body.0.weight"], "shape": [16, 8], "steps": 3, "allowance": 0.06,
+                           "lr": [0.01, 0.01]},
+                          {"names": ["_orig_mod.body.0.bias"], "shape": [16], "steps": 2, "allowance": 0.04,
+                           "lr": [0.01, 0.01]}]}
+    assert allowance("body.0.weight", [16, 8], trained)[:2] == (0.06, "by name and shape")
+    assert allowance("model.body.0.bias", [16], trained)[:2] == (0.04, "by name and shape")
+    assert allowance("frozen.weight", [16, 8], trained)[0] == 0.0
+    assert allowance("norm.running_mean", [16], trained)[0] == 0.0
+    assert allowance("w", [16], trained)[:2] == (0.04, "by shape only (its key names no parameter)")
+    assert allowance("body.0.weight", [8, 16], trained)[0] == 0.0  # its parameter, another shape
+    assert allowance("embedding", [3, 3], trained)[0] == 0.0
+    assert allowance("body.0.weight", [16, 8], None)[0] == 0.0
+
+
+def test_the_norm_check_allows_what_the_optimizer_allows() -> None:
+    # |norm(a) - norm(b)| <= norm(a - b) <= sqrt(sum numel x allowance^2): a norm within it passes, beyond it fails;
+    # SGD (no allowance) keeps the loss tolerances.
+    from torch_neuronx.tools.check.config import Thresholds
+
+    trained = {"optimizer": "AdamW", "family": "adam", "steps": 2,
+               "params": [{"names": ["w"], "shape": [4, 4], "steps": 2, "allowance": 0.04, "lr": [0.01, 0.01]}]}
+    assert verdicts.norm_allowance(trained) == pytest.approx(0.16)
+    for norm, verdict in ((3.1, "pass"), (3.2, "fail")):
+        layer = verdicts.Layer()
+        mine, theirs = [{"params": {"n": 1, "norm": norm}}], [{"params": {"n": 1, "norm": 3.0}}]
+        verdicts._params_vs_reference(layer, 0, mine, theirs, Thresholds(), trained)
+        assert layer.evidence[0]["verdict"] == verdict, layer.evidence
+    layer = verdicts.Layer()
+    verdicts._params_vs_reference(layer, 0, [{"params": {"n": 1, "norm": 3.1}}], [{"params": {"n": 1, "norm": 3.0}}],
+                                  Thresholds(), {**trained, "params": []})
+    assert layer.evidence[0]["verdict"] == "fail"
+
+
+# ------------------------------------------------------------------ h29: which rank hung, from its stacks
+def test_the_rank_stuck_in_its_own_code_is_named_at_the_deadline() -> None:
+    # Two ranks killed at the deadline, each with the stack dump faulthandler wrote when the checker asked (its
+    # format: one block per thread, innermost frame first). Rank 1 sleeps in the job's code, rank 0 waits in DDP's
+    # forward: the operations layer fails first naming rank 1 as stuck and rank 0 as waiting in a collective. The
+    # twin: the same ranks without dumps give the per-rank deadline failures only, no guess.
+    import torch
+
+    from torch_neuronx.tools.check.results import RankRun
+
+    torch_dir = os.path.dirname(torch.__file__)
+    waiting = (f'Thread 0x00007f01 (most recent call first):\n  File "{torch_dir}/utils/data/_utils.py", line 5 in run'
+               f'\n\nCurrent thread 0x00007f00 (most recent call first):\n'
+               f'  File "{torch_dir}/nn/parallel/distributed.py", line 1775 in _pre_forward\n'
+               f'  File "{torch_dir}/nn/modules/module.py", line 1790 in _call_impl\n'
+               '  File "/job/train.py", line 40 in train\n  File "/job/train.py", line 60 in <module>\n')
+    stuck = ('Current thread 0x00007f10 (most recent call first):\n  File "/job/train.py", line 35 in train\n'
+             '  File "/job/train.py", line 60 in <module>\n')
+
+    def side(dumps: bool) -> Side:
+        ranks = {r: RankRun(rank=r, steps=[{"i": 0, "t": 1.0}], start={"pid": 10 + r},
+                            stacks=(dump if dumps else "")) for r, dump in ((0, waiting), (1, stuck))}
+        return Side("neuron", ["train.py"], ranks=ranks, timed_out=True)
+
+    layer = verdicts.operations(side(True), verdicts.Thresholds(), 60.0)
+    first = layer.evidence[0]
+    assert (first["verdict"], first["check"], first["stuck"], first["waiting"]) == ("fail", "hang", [1], [0]), first
+    assert "rank 1 in its own code at train.py:35 in train" in first["message"], first
+    assert "rank 0 waiting in a collective (distributed.py:1775 in _pre_forward, called from train.py:40 in train)" \
+        in first["message"], first
+    twin = verdicts.operations(side(False), verdicts.Thresholds(), 60.0)
+    assert not [e for e in twin.evidence if e.get("stuck")]
+    assert [e["rank"] for e in twin.evidence if e["check"] == "hang"] == [0, 1]

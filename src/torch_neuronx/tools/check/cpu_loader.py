@@ -56,14 +56,55 @@ def _describe(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     return {"tensors": {k: tensor_digest(t) for k, t in tensors.items()}, "nonfinite": nonfinite}
 
 
-def compare(mine: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor], rtol: float,
-            atol: float) -> dict[str, Any]:
+WRAPPER_PARTS = {"module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
+
+
+def _plain(name: str) -> str:
+    """A parameter name without the wrappers' parts (DDP's module., torch.compile's _orig_mod.)."""
+    return ".".join(p for p in name.split(".") if p not in WRAPPER_PARTS)
+
+
+def _same_name(key: str, name: str) -> bool:
+    """Whether a checkpoint key names this parameter: equal, or one a dotted suffix of the other
+    (``model.0.weight`` for ``dcp.save({"model": ...})``, ``0.weight`` in a plain state dict)."""
+    k, n = _plain(key), _plain(name)
+    return bool(k and n) and (k == n or k.endswith("." + n) or n.endswith("." + k))
+
+
+def allowance(key: str, shape: list[int], trained: dict[str, Any] | None) -> tuple[float, str, dict[str, Any] | None]:
+    """The optimizer's allowance for one checkpoint tensor (tools/check/optimizers.py), how it was matched to the
+    optimizer's parameters, and that parameter's entry: by name and shape; a name the models give an untouched
+    parameter or a buffer keeps 0; a key that names no parameter gets the largest allowance of the trained
+    parameters of its shape ("by shape only"); anything else 0."""
+    if not trained or not trained.get("params"):
+        return 0.0, "no optimizer step seen", None
+    params = trained["params"]
+    by_name = [p for p in params if p["shape"] == shape and any(_same_name(key, n) for n in p["names"])]
+    if by_name:
+        best = max(by_name, key=lambda p: p["allowance"])
+        return best["allowance"], "by name and shape", best
+    if any(_same_name(key, n) for n in trained.get("untouched", [])):
+        return 0.0, "a parameter the optimizer never updated, or a buffer", None
+    if any(_same_name(key, n) for p in params for n in p["names"]):
+        return 0.0, "its parameter has another shape", None
+    by_shape = [p for p in params if p["shape"] == shape]
+    if by_shape:
+        best = max(by_shape, key=lambda p: p["allowance"])
+        return best["allowance"], "by shape only (its key names no parameter)", best
+    return 0.0, "no trained parameter of its name or shape", None
+
+
+def compare(mine: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor], rtol: float, atol: float,
+            trained: dict[str, Any] | None = None) -> dict[str, Any]:
     """A checkpoint against the reference run's: the same keys, shapes and dtypes, and every tensor within
-    ``atol + rtol x max|reference tensor|`` of the reference's (the loss tolerances, scaled to each tensor).
-    The worst tensor is named by its distance over its bound."""
+    ``atol + (rtol + eps(dtype)) x max|reference tensor|`` of the reference's (the loss tolerances scaled to each
+    tensor, and one rounding of its dtype), plus, for a tensor the job's optimizer trained, the optimizer's
+    allowance (`trained`, from the probe; tools/check/optimizers.py). The worst tensor is named by its distance over
+    its bound, with the allowance used and how it was matched."""
     out: dict[str, Any] = {"missing": sorted(set(theirs) - set(mine))[:20],
                            "extra": sorted(set(mine) - set(theirs))[:20],
-                           "shapes": [], "dtypes": [], "values": [], "worst": None, "compared": 0}
+                           "shapes": [], "dtypes": [], "values": [], "worst": None, "compared": 0,
+                           "not_compared": []}
     worst = -1.0
     for key in sorted(set(mine) & set(theirs)):
         a, b = mine[key], theirs[key]
@@ -76,22 +117,34 @@ def compare(mine: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor], rtol
         out["compared"] += 1
         if not a.numel():
             continue
+        extra: dict[str, Any] = {}
         if a.is_floating_point() or a.is_complex():
             x, y = a.detach().double(), b.detach().double()
             both_nan = torch.isnan(x) & torch.isnan(y)
             diff = torch.where(both_nan, torch.zeros_like(x), (x - y).abs()).nan_to_num(nan=float("inf"))
             distance = float(diff.max())
-            bound = atol + rtol * float(y.abs().nan_to_num(nan=0.0, posinf=0.0).max())
+            eps = torch.finfo(a.dtype).eps if a.is_floating_point() else 0.0
+            tight = atol + (rtol + eps) * float(y.abs().nan_to_num(nan=0.0, posinf=0.0).max())
+            allowed, how, param = allowance(key, list(a.shape), trained)
+            if allowed == float("inf"):
+                out["not_compared"].append(key)
+                continue
+            bound = tight + allowed
+            extra = {"tight": tight, "allowance": allowed, "matched": how,
+                     "beyond_tight": int((diff > tight).sum()), "numel": int(a.numel())}
+            if param is not None:
+                extra.update(steps=param["steps"], lr=param["lr"])
         else:
             distance = float((a.long() != b.long()).sum()) if a.dtype != torch.bool else float((a != b).sum())
             bound = 0.0
         ratio = distance / bound if bound > 0 else (0.0 if distance == 0 else float("inf"))
         if ratio > worst:
             worst = ratio
-            out["worst"] = {"key": key, "max_abs_diff": distance, "bound": bound}
+            out["worst"] = {"key": key, "max_abs_diff": distance, "bound": bound, **extra}
         if distance > bound:
-            out["values"].append([key, distance, bound])
+            out["values"].append([key, distance, bound, extra])
     out["values"] = sorted(out["values"], key=lambda v: v[1] / v[2] if v[2] else float("inf"), reverse=True)[:20]
+    out["optimizer"] = {k: trained.get(k) for k in ("optimizer", "family", "steps")} if trained else None
     return out
 
 
@@ -196,7 +249,7 @@ def main() -> None:
         if reference:
             try:
                 _, theirs = load(reference, kind, None)
-                report[path]["vs_reference"] = compare(tensors, theirs, rtol, atol)
+                report[path]["vs_reference"] = compare(tensors, theirs, rtol, atol, item.get("trained"))
             except Exception as e:  # the reference's own file did not load: said, not compared
                 report[path]["vs_reference"] = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
         del tensors

@@ -131,6 +131,14 @@ class Probe:
         self._directory = directory
         self._wrappers: list[dict[str, Any]] = []  # described at the step a model first ran: it may be gone at exit
         self._described = 0
+        # what the tracked optimizer did to each parameter (tools/check/optimizers.py): id -> [weakref, steps,
+        # allowance, lowest lr, highest lr, names, shape]; the allowance a checkpoint's tensor is compared with
+        self._trained: dict[int, list[Any]] = {}
+        self._optimizer_kind: tuple[str, str] | None = None
+        self._tracked_steps = 0  # steps of the tracked optimizer, markers or not: when each checkpoint was saved
+        self._dcp_saved: set[tuple[str, int]] = set()
+        self._untouched: list[str] = []
+        self._stacks_file: Any = None  # where faulthandler writes the stacks the checker asks for (a hang)
 
     # ------------------------------------------------------------ events
     def emit(self, kind: str, **data: Any) -> None:
@@ -189,10 +197,15 @@ class Probe:
         self._stepping = max(0, self._stepping - 1)
         if self._stepping:  # an optimizer stepped by another one (ZeRO's per-shard optimizer): the outer one's
             return  # step ends the step, after its own parameter sync
-        if self._marker_seen:
-            return
         if self._optimizer is None:
             self._optimizer = id(optimizer)
+        if id(optimizer) == self._optimizer:
+            try:
+                self._track(optimizer)
+            except Exception as e:  # never raised into the job
+                self.emit("probe_error", where="optimizer", message=f"{type(e).__name__}: {e}")
+        if self._marker_seen:
+            return
         if id(optimizer) == self._optimizer:  # one step per step of the first optimizer (GANs have two)
             self._optimizer_steps += 1
             try:
@@ -200,6 +213,64 @@ class Probe:
             except Exception as e:
                 self._params = {"error": f"{type(e).__name__}: {e}"}
             self.end_step()
+
+    def _track(self, optimizer: torch.optim.Optimizer) -> None:
+        """One step of the tracked optimizer: each parameter it updated (one with a gradient) adds the largest
+        update its family can make at that step to its allowance (tools/check/optimizers.py)."""
+        from torch_neuronx.tools.check import optimizers
+
+        if self._optimizer_kind is None:
+            self._optimizer_kind = optimizers.family(optimizer)
+        kind = self._optimizer_kind[1]
+        self._tracked_steps += 1
+        new = False
+        for group in optimizer.param_groups:
+            lr = optimizers._number(group.get("lr"), 0.0)
+            for p in group["params"]:
+                if getattr(p, "grad", None) is None:
+                    continue  # not updated at this step (a frozen or unused parameter)
+                rec = self._trained.get(id(p))
+                if rec is None or rec[0]() is not p:
+                    rec = self._trained[id(p)] = [weakref.ref(p), 0, 0.0, lr, lr, None, list(p.shape)]
+                    new = True
+                rec[1] += 1
+                rec[2] += 2 * optimizers.step_bound(kind, group, rec[1])
+                rec[3], rec[4] = min(rec[3], lr), max(rec[4], lr)
+        if new:
+            self._name_parameters()
+
+    def _name_parameters(self) -> None:
+        """The names the models this process ran give each tracked parameter (a checkpoint's keys are matched to
+        them), kept so that they outlive the models."""
+        names: dict[int, list[str]] = {}
+        for model in (r() for r in self._models):
+            if model is None:
+                continue
+            for name, p in model.named_parameters(remove_duplicate=False):
+                names.setdefault(id(p), []).append(name)
+        for key, rec in self._trained.items():
+            if rec[5] is None and key in names and rec[0]() is not None:
+                rec[5] = names[key][:4]
+        tracked = {key for key, rec in self._trained.items() if rec[0]() is not None}
+        untouched = set(self._untouched)  # parameters the optimizer never updated, and buffers: the tight bound
+        for model in (r() for r in self._models):
+            if model is not None:
+                untouched |= {n for n, p in model.named_parameters(remove_duplicate=False) if id(p) not in tracked}
+                untouched |= {n for n, _ in model.named_buffers(remove_duplicate=False)}
+        self._untouched = sorted(untouched)[:2000]  # kept: the models may be gone when the run ends
+
+    def trained(self) -> dict[str, Any] | None:
+        """The tracked optimizer and each parameter it updated: names, shape, steps, lr range and allowance (the
+        table a checkpoint's tensors are matched to by name and shape)."""
+        if self._optimizer_kind is None:
+            return None
+        self._name_parameters()
+        params = [{"names": rec[5] or [], "shape": rec[6], "steps": rec[1], "allowance": rec[2],
+                   "lr": [rec[3], rec[4]]} for rec in self._trained.values()]  # kept after the model is gone
+        name, kind = self._optimizer_kind
+        trained_names = {n for rec in self._trained.values() for n in rec[5] or []}
+        return {"optimizer": name, "family": kind, "steps": self._tracked_steps, "params": params,
+                "untouched": [n for n in self._untouched if n not in trained_names]}
 
     def end_step(self, final: bool = False) -> None:
         try:
@@ -219,6 +290,12 @@ class Probe:
 
     def _on_save(self, obj: Any, f: Any, kind: str) -> None:
         if _distributed_checkpoint_part(f):  # one tensor of a DCP folder: the checker loads the folder whole
+            folder = _distributed_checkpoint_folder(f)
+            if folder is not None and (folder, self._tracked_steps) not in self._dcp_saved:
+                self._dcp_saved.add((folder, self._tracked_steps))  # when it was saved, once per folder and step
+                self.emit("save", path=folder, format="dcp", buffer=False, target="folder", tensors={},
+                          objects="distributed checkpoint", inode=None, optimizer_steps=self._tracked_steps,
+                          trained=self.trained())
             return
         try:
             digests = {k: {"digest": tensor_digest(t), "shape": list(t.shape), "dtype": str(t.dtype),
@@ -254,7 +331,8 @@ class Probe:
             except OSError:
                 pass
         self.emit("save", path=path, format=kind, buffer=buffer, target=type(f).__name__, tensors=digests,
-                  objects=type(obj).__name__, inode=inode)
+                  objects=type(obj).__name__, inode=inode, optimizer_steps=self._tracked_steps,
+                  trained=self.trained())
 
     def on_mesh(self, mesh: Any) -> None:
         try:
@@ -417,8 +495,12 @@ class Probe:
         except Exception as e:
             comm_total = {"error": f"{type(e).__name__}: {e}"}
         self._backends.clear()
+        try:
+            trained = self.trained()
+        except Exception as e:
+            trained = {"error": f"{type(e).__name__}: {e}"}
         self.emit("end", compile=compiled, wrappers=wrappers, world_size=_world_size(),
-                  optimizer_steps=self._optimizer_steps, markers=self._markers, comm=comm_total)
+                  optimizer_steps=self._optimizer_steps, markers=self._markers, comm=comm_total, trained=trained)
         with self._lock:
             self._file.close()
 
@@ -518,6 +600,15 @@ def _distributed_checkpoint_part(f: Any) -> bool:
         return True
     name = f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
     return isinstance(name, (str, os.PathLike)) and os.fspath(name).endswith(".distcp")
+
+
+def _distributed_checkpoint_folder(f: Any) -> str | None:
+    """The folder of the DCP file a part is written to (DCP's writer wraps the file in NoCloseWriter: its ``raw``)."""
+    for candidate in (f, getattr(f, "raw", None)):
+        name = candidate if isinstance(candidate, (str, os.PathLike)) else getattr(candidate, "name", None)
+        if isinstance(name, (str, os.PathLike)):
+            return os.path.dirname(os.path.abspath(os.fspath(name)))
+    return None
 
 
 def _comm_stats(known: list[Any]) -> dict[str, dict[str, int]]:
@@ -647,6 +738,25 @@ def _reference_default_mesh(probe: Probe) -> None:
         probe.emit("probe_error", where="reference_default_mesh", message=f"{type(e).__name__}: {e}")
 
 
+def _stacks_on_request(probe: Probe) -> None:
+    """Write every thread's Python stack to <dir>/stacks.rank<R>.<pid>.txt when the checker sends
+    results.STACK_SIGNAL (before it kills a hung job): the report then says which rank was stuck in its own code
+    and which waited in a collective. faulthandler writes from the signal handler itself, so a rank blocked in
+    C++ (a collective's wait) or in time.sleep answers too."""
+    from torch_neuronx.tools.check.results import STACK_SIGNAL
+
+    if STACK_SIGNAL is None:
+        return
+    try:
+        import faulthandler
+
+        path = os.path.join(probe._directory, f"stacks.rank{probe.rank}.{os.getpid()}.txt")
+        probe._stacks_file = open(path, "w")  # noqa: SIM115  (kept open: the handler writes to its descriptor)
+        faulthandler.register(STACK_SIGNAL, file=probe._stacks_file, all_threads=True, chain=False)
+    except Exception as e:  # no stacks then; said in the events
+        probe.emit("probe_error", where="stacks", message=f"{type(e).__name__}: {e}")
+
+
 def install() -> Probe | None:
     """Start watching this process (called by ``import torch_neuronx`` when TORCH_NEURONX_CHECK_DIR is set)."""
     global _probe
@@ -658,6 +768,7 @@ def install() -> Probe | None:
     from torch_neuronx import patches
 
     probe = _probe = Probe(os.path.expanduser(directory))
+    _stacks_on_request(probe)
     try:
         launched: float | None = float(env.get("TORCH_NEURONX_CHECK_LAUNCH_TIME"))
     except ValueError:  # unset or not a time: no startup figure

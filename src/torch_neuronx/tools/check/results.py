@@ -9,11 +9,20 @@ the last compilation), step-time percentiles, throughput and peak memory.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+# The signal on which each watched process writes every thread's Python stack (faulthandler, registered by the
+# probe) to <events>/stacks.rank<R>.<pid>.txt: the checker sends it to the ranks before it kills a hung job, so
+# that the report says where each rank was. A real-time signal: no job or library uses it for anything else.
+STACK_SIGNAL = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else None
+TORCH_PARTS = (f"{os.sep}torch{os.sep}", f"{os.sep}torch_neuronx{os.sep}")
 
 
 @dataclass
@@ -31,6 +40,7 @@ class RankRun:
     end: dict[str, Any] | None = None
     last_event: float | None = None
     log_tail: str = ""
+    stacks: str = ""  # the faulthandler dump it wrote when the checker asked (a hang), "" when none
 
     # -------------------------------------------------------------- status
     @property
@@ -187,5 +197,66 @@ def read_run(directory: Path) -> dict[int, RankRun]:
             rank = int(path.stem[4:])
         except ValueError:
             continue
-        out[rank] = read_rank(path, rank)
+        out[rank] = run = read_rank(path, rank)
+        pid = (run.start or {}).get("pid")
+        stacks = directory / f"stacks.rank{rank}.{pid}.txt"
+        if pid is not None and stacks.is_file():
+            run.stacks = stacks.read_text(errors="replace")[-20000:]
     return out
+
+
+def main_thread_frames(dump: str) -> list[tuple[str, int, str]]:
+    """The main thread's frames, innermost first, from a faulthandler dump (``File "f", line N in func`` lines,
+    one block per thread): the thread whose outermost frame is a module's top level, else the first listed."""
+    threads: list[list[tuple[str, int, str]]] = []
+    for line in dump.splitlines():
+        stripped = line.strip()
+        if stripped.startswith(("Current thread", "Thread 0x")):
+            threads.append([])
+        elif stripped.startswith('File "') and threads:
+            try:
+                path, rest = stripped[6:].split('", line ', 1)
+                number, func = rest.split(" in ", 1)
+                threads[-1].append((path, int(number), func.strip()))
+            except ValueError:
+                continue
+    threads = [t for t in threads if t]
+    return next((t for t in threads if t[-1][2] == "<module>"), threads[0] if threads else [])
+
+
+def where(run: RankRun) -> dict[str, str] | None:
+    """Where a rank was when it was asked for its stacks: ``own`` (its innermost frame outside torch and the
+    standard library: the job's own code, a sleep or a loop there), ``collective`` (inside torch.distributed, or in
+    a backward, where DDP and FSDP wait for their peers' gradients), or ``torch`` (elsewhere in torch), with the
+    frames in words; None without a dump."""
+    frames = main_thread_frames(run.stacks)
+    if not frames:
+        return None
+    stdlib = sysconfig.get_paths()["stdlib"]
+
+    def library(path: str) -> bool:
+        return path.startswith("<") or (path.startswith(stdlib) and "site-packages" not in path)
+
+    def torch_frame(path: str) -> bool:
+        return any(part in path for part in TORCH_PARTS)
+
+    def shown(frame: tuple[str, int, str]) -> str:
+        return f"{os.path.basename(frame[0])}:{frame[1]} in {frame[2]}"
+
+    inside = [f for f in frames if torch_frame(f[0])]
+    own = next((f for f in frames if not library(f[0]) and not torch_frame(f[0])), None)
+    if not inside:
+        return {"kind": "own", "text": f"in its own code at {shown(own or frames[0])}"}
+    caller = next((f for f in frames[frames.index(inside[0]):] if not torch_frame(f[0]) and not library(f[0])),
+                  None)
+    called = f", called from {shown(caller)}" if caller else ""
+    def distributed(path: str) -> bool:  # torch.distributed, DDP (nn/parallel/distributed.py), FSDP
+        return f"{os.sep}distributed{os.sep}" in path or path.endswith(os.path.join("parallel", "distributed.py"))
+
+    if any(distributed(f[0]) for f in inside):
+        collective = next(f for f in inside if distributed(f[0]))
+        return {"kind": "collective", "text": f"waiting in a collective ({shown(collective)}{called})"}
+    if any(f[2] in ("_engine_run_backward", "backward") for f in inside):
+        return {"kind": "collective", "text": f"waiting in backward, where DDP and FSDP exchange gradients with "
+                f"every rank ({shown(inside[0])}{called})"}
+    return {"kind": "torch", "text": f"in torch ({shown(inside[0])}{called})"}

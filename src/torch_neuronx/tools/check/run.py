@@ -14,8 +14,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -84,17 +86,21 @@ def run_side(name: str, argv: list[str], cfg: CheckConfig, deadline: float) -> S
     killed = logs / "killed.jsonl"
     t0 = time.monotonic()
     proc: subprocess.Popen[Any] | None = None
+    started: list[subprocess.Popen[Any]] = []
+    chained = _stacks_before_signals(events, started)
     try:
         with open(agent, "w") as out:
             # Under a guardian (runtime/processes.py): every process of the job, daemons included, is killed
             # when the job ends, at the deadline, on a signal, or when this checker dies (SIGKILL included).
             proc = processes.spawn(argv, report=killed, env=env, stdout=out, stderr=subprocess.STDOUT,
                                    cwd=cfg.cwd)
+            started.append(proc)
             progress = Progress(name, events, enabled=cfg.progress)
             try:
                 while proc.poll() is None:
                     if time.monotonic() > deadline:
                         side.timed_out = True
+                        request_stacks(events, proc.pid)  # where each rank hung, before they are killed
                         break
                     progress.update()
                     time.sleep(0.1)
@@ -105,6 +111,8 @@ def run_side(name: str, argv: list[str], cfg: CheckConfig, deadline: float) -> S
         e.side = side  # type: ignore[attr-defined]  # check() reports what was seen until then
         raise
     finally:
+        for sig, previous in chained.items():
+            signal.signal(sig, previous)
         if proc is not None:
             processes.stop(proc)  # the deadline, a signal, an error here; at once when the job has ended
         side.seconds = time.monotonic() - t0
@@ -117,6 +125,52 @@ def run_side(name: str, argv: list[str], cfg: CheckConfig, deadline: float) -> S
         for rank, run in side.ranks.items():
             run.log_tail = tails.get(rank, side.agent_log)[-3000:]
     return side
+
+
+def request_stacks(events: Path, guardian: int, wait_s: float = 2.0) -> None:
+    """Ask every rank of a job still running under `guardian` for its Python stacks (results.STACK_SIGNAL, which
+    the probe gave to faulthandler) and wait, at most `wait_s`, until each wrote them: the report then says where
+    each rank was when the job was killed. Only processes that are both ranks (a start event's pid) and live
+    descendants of the guardian are signalled: never a process that reused a finished rank's pid."""
+    if results.STACK_SIGNAL is None:
+        return
+    live = set(processes.descendants(guardian))
+    asked = []
+    for rank, run in results.read_run(events).items():
+        pid = (run.start or {}).get("pid")
+        if pid in live:
+            try:
+                os.kill(pid, results.STACK_SIGNAL)
+                asked.append(events / f"stacks.rank{rank}.{pid}.txt")
+            except (ProcessLookupError, PermissionError):
+                continue
+    until = time.monotonic() + wait_s
+    while asked and time.monotonic() < until:
+        if all(f.is_file() and f.stat().st_size > 0 for f in asked):
+            time.sleep(0.1)  # the dump is written line by line from the handler: let it finish
+            return
+        time.sleep(0.05)
+
+
+def _stacks_before_signals(events: Path, started: list[subprocess.Popen[Any]]) -> dict[int, Any]:
+    """On SIGINT or SIGTERM, ask the job's ranks for their stacks before the handler processes.guarded installed
+    kills them (it is chained, then restored by the caller): an interrupted check says where each rank was."""
+    chained: dict[int, Any] = {}
+    if threading.current_thread() is not threading.main_thread():
+        return chained
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(sig)
+        if not callable(previous):
+            continue
+
+        def handler(signum: int, frame: Any, previous: Any = previous) -> None:
+            if started and started[-1].poll() is None:
+                request_stacks(events, started[-1].pid, wait_s=1.0)
+            previous(signum, frame)
+
+        chained[sig] = previous
+        signal.signal(sig, handler)
+    return chained
 
 
 _FAILURE = re.compile(r"time\s*:\s*(?P<time>[^\n]+)\n\s*host\s*:[^\n]*\n\s*rank\s*:\s*(?P<rank>\d+)[^\n]*\n"
@@ -211,7 +265,8 @@ def find_checkpoints(side: Side, cfg: CheckConfig, since: float) -> list[dict[st
                 wanted.setdefault(str(hf_dir), {"path": str(hf_dir), "kind": "hf"})
             kind = ev.get("format", "torch.save")
             wanted.setdefault(path, {"path": path, "kind": kind, "saved": ev.get("tensors") or {},
-                                     "buffer": bool(ev.get("buffer")), "rank": run.rank})
+                                     "buffer": bool(ev.get("buffer")), "rank": run.rank,
+                                     "optimizer_steps": ev.get("optimizer_steps"), "trained": ev.get("trained")})
     for f, kind in written:  # every checkpoint file the job left in its folder, however it was written
         if cfg.hf_model and f.parent == Path(cfg.hf_model).resolve():
             continue  # the model under test, not something the job wrote
@@ -229,7 +284,42 @@ def find_checkpoints(side: Side, cfg: CheckConfig, since: float) -> list[dict[st
         kind = "hf" if _hf_dir(p / "config.json") else "dcp" if _dcp_dir(p / ".metadata") else (
             "safetensors" if p.suffix == ".safetensors" else "torch.save")
         wanted.setdefault(str(p), {"path": str(p), "kind": kind})
+    _when_saved(side, list(wanted.values()))
     return list(wanted.values())
+
+
+def _when_saved(side: Side, items: list[dict[str, Any]]) -> None:
+    """What the optimizer had done when each checkpoint was saved (its steps, and the allowance of each parameter
+    it trained: tools/check/optimizers.py): from the save's own event (a DCP folder's: its parts'), else the
+    optimizer's state at the end of the run (a file found by the folder walk, a save_pretrained folder)."""
+    saves = {path: ev for run in side.ranks.values() for path, ev in run.saves.items()}
+    final = next((run.end["trained"] for _, run in sorted(side.ranks.items()) if isinstance((run.end or {}).get(
+        "trained"), dict) and "params" in run.end["trained"]), None)
+    for item in items:
+        ev = saves.get(item["path"])
+        if item.get("trained") is None and ev is not None and ev.get("trained") is not None:
+            item["trained"], item["optimizer_steps"] = ev["trained"], ev.get("optimizer_steps")
+        if item.get("trained") is None and final is not None:
+            item["trained"], item["trained_at"] = final, "the end of the run"
+
+
+def reference_steps(ref: Side, item: dict[str, Any]) -> int | None:
+    """The optimizer steps the reference run had taken when it saved its version of `item` (None: not known): its
+    save event found by the file's inode (kept through renames and the move aside), else by its path."""
+    reference = item.get("reference")
+    if not reference:
+        return None
+    found = next((ev for run in ref.ranks.values() for p, ev in run.saves.items() if p in (item["path"], reference)),
+                 None)
+    if found is None:  # renamed after the save (torch.save(tmp), os.replace): its inode, the latest save holding it
+        try:
+            st = os.stat(reference)
+        except OSError:
+            return None
+        same = [ev for run in ref.ranks.values() for ev in run.saves.values()
+                if ev.get("inode") == [st.st_dev, st.st_ino]]
+        found = max(same, key=lambda ev: ev.get("t", 0.0), default=None)
+    return found.get("optimizer_steps") if found is not None else None
 
 
 
@@ -358,7 +448,8 @@ def load_on_cpu(items: list[dict[str, Any]], probe_ids: list[int] | None, deadli
     if not items:
         return {}
     th = thresholds or Thresholds()
-    request = {"items": [{"path": i["path"], "kind": i["kind"], "reference": i.get("reference")} for i in items],
+    request = {"items": [{"path": i["path"], "kind": i["kind"], "reference": i.get("reference"),
+                          "trained": i.get("trained")} for i in items],
                "probe_ids": probe_ids, "rtol": th.loss_rtol, "atol": th.loss_atol}
     env = {k: v for k, v in os.environ.items() if k not in CHECK_VARIABLES}
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
@@ -471,6 +562,8 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
                     item["reference"] = stash.reference_copy(item["path"])
                     item["reference_expected"] = not item.get("buffer")
                 pair_reference_files(items, find_checkpoints(ref, cfg, ref_started))
+                for item in items:
+                    item["reference_steps"] = reference_steps(ref, item)
             loaded = load_on_cpu(items, verdicts.PROBE_IDS, deadline, cfg.thresholds)
             for item in items:
                 item["loaded"] = loaded.get(item["path"], {"ok": False, "error": "not loaded"})

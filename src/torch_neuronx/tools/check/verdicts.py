@@ -22,6 +22,7 @@ from dataclasses import asdict
 from typing import Any
 
 from torch_neuronx.runtime.config import format_bytes
+from torch_neuronx.tools.check import results
 from torch_neuronx.tools.check.config import CheckConfig, Side, Thresholds
 
 __all__ = ["LAYERS", "Thresholds", "judge"]
@@ -116,19 +117,32 @@ def _why_random(neuron: Side, ref: Side | None) -> str:
             ", or compare with the random ops off (model.eval(), p=0)")
 
 
+def norm_allowance(trained: dict[str, Any] | None) -> float:
+    """How far the norm of all trained parameters may differ between two correct runs of a normalising optimizer:
+    |norm(a) - norm(b)| <= norm(a - b) <= sqrt(sum over tensors of numel x allowance^2), each element within its
+    tensor's allowance (tools/check/optimizers.py). 0 for SGD-like optimizers and without a table."""
+    if not isinstance(trained, dict) or not trained.get("params"):
+        return 0.0
+    return math.sqrt(sum(math.prod(p["shape"]) * p["allowance"] ** 2 for p in trained["params"]))
+
+
 def _params_vs_reference(layer: Layer, rank: int, mine: list[dict[str, Any]], theirs: list[dict[str, Any]],
-                         th: Thresholds) -> None:
-    """The last step's parameter norm against the reference's (compared even when no loss was seen)."""
+                         th: Thresholds, trained: dict[str, Any] | None = None) -> None:
+    """The last step's parameter norm against the reference's (compared even when no loss was seen), within the
+    loss tolerances plus the optimizer's allowance (:func:`norm_allowance`)."""
     a = next((s["params"] for s in reversed(mine) if "norm" in s.get("params", {})), None)
     b = next((s["params"] for s in reversed(theirs) if "norm" in s.get("params", {})), None)
     if a is None or b is None or a.get("sharded") or b.get("sharded") or a["n"] != b["n"]:
         return
-    if _close(a["norm"], b["norm"], th.loss_rtol, th.loss_atol):
+    extra = norm_allowance(trained)
+    why = (f"; bound {th.loss_atol + th.loss_rtol * abs(b['norm']) + extra:.3g} with {trained['optimizer']}'s "
+           f"allowance {extra:.3g} for {trained['steps']} step(s)") if extra and trained else ""
+    if _close(a["norm"], b["norm"], th.loss_rtol, th.loss_atol + extra):
         layer.add("pass", "parameters_vs_reference", f"rank {rank}: the parameters' norm after the last step "
-                  f"matches the reference's ({a['norm']:.6g} vs {b['norm']:.6g})", rank=rank)
+                  f"matches the reference's ({a['norm']:.6g} vs {b['norm']:.6g}{why})", rank=rank, allowance=extra)
     else:
         layer.add("fail", "parameters_vs_reference", f"rank {rank}: the parameters after the last step differ "
-                  f"from the reference's: norm {a['norm']:.6g} vs {b['norm']:.6g}", rank=rank)
+                  f"from the reference's: norm {a['norm']:.6g} vs {b['norm']:.6g}{why}", rank=rank, allowance=extra)
 
 
 def _against_reference(layer: Layer, neuron: Side, ref: Side | None, th: Thresholds,
@@ -176,7 +190,7 @@ def _against_reference(layer: Layer, neuron: Side, ref: Side | None, th: Thresho
             layer.add("pass", "loss_vs_reference", f"rank {rank}: {len(pairs)} losses within tolerance of the "
                       f"reference (max |difference| {max(diffs, default=0.0):.3g}{same})", rank=rank,
                       max_abs_diff=max(diffs, default=0.0))
-        _params_vs_reference(layer, rank, mine_steps, their_steps, th)
+        _params_vs_reference(layer, rank, mine_steps, their_steps, th, (run.end or {}).get("trained"))
         shape_step = next((i for i, (a, b) in enumerate(zip(mine_steps, their_steps, strict=False))
                            if _shape_set(a) != _shape_set(b)), None)
         if shape_step is not None:
@@ -287,6 +301,10 @@ def _checkpoints(layer: Layer, neuron: Side, items: list[dict[str, Any]]) -> Non
                 problems.append(f"its logits on a fixed batch differ from the trained model's by {diff:.3g}")
         versus = got.get("vs_reference")
         problems += _vs_reference(versus)
+        mine_steps, their_steps = item.get("optimizer_steps"), item.get("reference_steps")
+        if versus and mine_steps is not None and their_steps is not None and mine_steps != their_steps:
+            problems.append(f"it was saved after {mine_steps} optimizer step(s) on neuron, after {their_steps} in "
+                            "the reference run: the two runs saved it at different points of training")
         if versus and item.get("reference_paired") and any("reference" in x for x in problems):
             problems.append(f"its reference version is {item['reference']} (paired as {item['reference_paired']})")
         if problems:
@@ -305,10 +323,15 @@ def _checkpoints(layer: Layer, neuron: Side, items: list[dict[str, Any]]) -> Non
         if got.get("note"):
             note += f"; it {got['note']}"
         shown = f"{path} (written through a buffer by rank {item.get('rank')})" if item.get("buffer") else path
+        if versus and versus.get("not_compared"):
+            layer.add("warn", "checkpoint", f"{path}: the values of {versus['not_compared'][:5]} were not compared: "
+                      f"{_allowance_words(versus, {'allowance': math.inf})}; keys, shapes and dtypes match",
+                      path=path)
+            continue
         if versus:
             w = versus.get("worst") or {}
-            worst = f"; worst {w['key']}: max |difference| {w['max_abs_diff']:.3g} (bound {w['bound']:.3g})" if w \
-                else ""
+            worst = f"; worst {w['key']}: max |difference| {w['max_abs_diff']:.3g} (bound {_bound_words(w, versus)})" \
+                if w else ""
             paired = f" ({item['reference']}, paired as {item['reference_paired']})" \
                 if item.get("reference_paired") else ""
             note += (f"; it matches the reference run's version{paired}: the same {versus['compared']} keys, shapes "
@@ -341,10 +364,45 @@ def _vs_reference(versus: dict[str, Any] | None) -> list[str]:
         problems.append("dtypes differ from the reference's: " + ", ".join(f"{k} {a} vs {b}" for k, a, b in
                                                                             versus["dtypes"][:5]))
     if versus["values"]:
-        k, diff, bound = versus["values"][0]
+        k, diff, bound, extra = (versus["values"][0] + [{}])[:4]
         problems.append(f"{len(versus['values'])} tensor(s) differ from the reference's beyond tolerance, the worst "
-                        f"{k}: max |difference| {diff:.4g} (bound {bound:.3g} = atol + rtol x max|reference|)")
+                        f"{k}: max |difference| {diff:.4g} (bound {_bound_words({'bound': bound, **extra}, versus)})")
+        if not extra.get("allowance") and (versus.get("optimizer") or {}).get("family") == "unknown":
+            problems.append(f"{versus['optimizer']['optimizer']} is an optimizer the checker does not model: if it "
+                            "normalises its update (as Adam does), widen --loss-rtol/--loss-atol")
     return problems
+
+
+def _allowance_words(versus: dict[str, Any], w: dict[str, Any]) -> str:
+    """The optimizer allowance of one tensor in words: "AdamW: 3 steps at lr 0.01: allowance 0.06"."""
+    from torch_neuronx.tools.check import optimizers
+
+    opt = versus.get("optimizer") or {}
+    if not opt:
+        return "no optimizer step was seen"
+    lr = w.get("lr") or []
+    return optimizers.describe(opt.get("optimizer") or "?", opt.get("family") or "unknown",
+                               w.get("steps", opt.get("steps") or 0), list(lr), w.get("allowance", 0.0))
+
+
+def _bound_words(w: dict[str, Any], versus: dict[str, Any]) -> str:
+    """A tensor's bound and why: the loss tolerances scaled to it, plus the optimizer's allowance when it was
+    trained by a normalising optimizer."""
+    if "tight" not in w:
+        return f"{w['bound']:.3g} = atol + rtol x max|reference|"
+    tolerance = f"{w['tight']:.3g} (atol + rtol x max|reference|)"
+    if not w.get("allowance"):
+        opt = versus.get("optimizer") or {}
+        if opt.get("family") in ("sgd", "unknown"):
+            return f"{w['bound']:.3g} = {tolerance}, no optimizer allowance: {_allowance_words(versus, w)}"
+        why = w.get("matched") or "no optimizer step seen"
+        if why == "no optimizer step seen":
+            why = "no optimizer step had been taken when it was saved"
+        return f"{w['bound']:.3g} = {tolerance}, no optimizer allowance: {why}" + (
+            f" ({opt['optimizer']})" if opt.get("optimizer") else "")
+    beyond = f"; {w['beyond_tight']} of {w['numel']} elements beyond the tolerance" if "numel" in w else ""
+    return (f"{w['bound']:.3g} = {tolerance} + the optimizer's allowance {w['allowance']:.3g}: "
+            f"{_allowance_words(versus, w)}, matched {w['matched']}{beyond}")
 
 
 # ------------------------------------------------------------------ compilation
@@ -595,20 +653,24 @@ def operations(neuron: Side, th: Thresholds, timeout: float, ref: Side | None = 
                       f"completed step(s)): {e['message'][:600]}", rank=rank, step=done,
                       log_tail=run.log_tail[-2000:])
         elif run.status == "stopped" and neuron.interrupted and not neuron.timed_out:  # the checker's own kill
+            at = results.where(run)
             layer.add("info", "interrupted", f"rank {rank} was in step {done} (after {done} completed step(s)) when "
-                      f"the checker killed it on {neuron.interrupted}", rank=rank, step=done)
+                      f"the checker killed it on {neuron.interrupted}" + (f": {at['text']}" if at else ""),
+                      rank=rank, step=done, where=at)
         elif run.status == "stopped":
             exit_ = neuron.exits.get(rank, {})
             stopped_after = first_error is not None and run.stopped_at is not None and run.stopped_at > first_error
             how = (f"was killed by {exit_['signal']}" if exit_.get("signal") else
                    f"exited with code {exit_['exitcode']}" if exit_ else "exited")
+            at = results.where(run) if neuron.timed_out else None
             why = (f"did not finish within the {timeout:.0f} s deadline (hung or too slow); it was in step {done} "
-                   f"(after {done} completed step(s))" if neuron.timed_out else
+                   f"(after {done} completed step(s))" + (f", {at['text']}" if at else "") if neuron.timed_out else
                    f"was stopped by the launcher after rank(s) {failed} failed" if failed and stopped_after else
                    f"{how} in step {done} without a Python exception (killed, os._exit or an abort in C++; "
                    f"return code {neuron.returncode})")
             layer.add("fail", "hang" if neuron.timed_out else "crash", f"rank {rank} {why}", rank=rank,
-                      log_tail=run.log_tail[-2000:])
+                      log_tail=run.log_tail[-2000:], where=at)
+    _who_hung(layer, neuron)
     _leftovers(layer, neuron)
     if not neuron.ranks:
         layer.add("fail", "crash", f"the job wrote no measurement (return code {neuron.returncode}); is it a Python "
@@ -639,6 +701,26 @@ def operations(neuron: Side, th: Thresholds, timeout: float, ref: Side | None = 
                       f"{st['p90'] * 1e3:.1f} ms over {st['steps']} steps{rate} (emulated: host time, not Trainium's)"
                       f"; compile {run.compile_seconds():.1f} s", rank=rank)
     return layer
+
+
+def _who_hung(layer: Layer, neuron: Side) -> None:
+    """A multi-rank job killed at the deadline (or interrupted) with its ranks' stacks (results.where): the rank(s)
+    stuck in their own code are the cause, the ranks waiting in a collective wait for them. Put first: the other
+    ranks' hang messages are its consequences."""
+    if not (neuron.timed_out or neuron.interrupted) or len(neuron.ranks) < 2:
+        return
+    places = {r: results.where(run) for r, run in sorted(neuron.ranks.items()) if run.status == "stopped"}
+    stuck = [r for r, at in places.items() if at and at["kind"] == "own"]
+    waiting = [r for r, at in places.items() if at and at["kind"] == "collective"]
+    if not stuck:
+        return
+    text = "; ".join(f"rank {r} {places[r]['text']}" for r in stuck)  # type: ignore[index]
+    waited = (f"; rank(s) {waiting} waited for it in a collective (on hardware they would wait forever): "
+              + "; ".join(f"rank {r} {places[r]['text']}" for r in waiting)) if waiting else ""  # type: ignore[index]
+    how = "at the deadline" if neuron.timed_out else f"on {neuron.interrupted}"
+    layer.evidence.insert(0, {"verdict": "fail" if neuron.timed_out else "info", "check": "hang",
+                              "message": f"rank(s) {stuck} hung in the job's own code when the job was killed {how}:"
+                                         f" {text}{waited}", "stuck": stuck, "waiting": waiting})
 
 
 def _leftovers(layer: Layer, neuron: Side) -> None:
