@@ -172,6 +172,31 @@ def test_tiled_matmuls_accumulate_in_fp32_psum(kernel: nki.Kernel) -> None:
     torch.testing.assert_close(out.cpu().float(), ref, atol=1e-4, rtol=2 ** -8)
 
 
+def test_tiled_matmul_is_one_float32_add_per_instruction_bit_for_bit() -> None:
+    # AWS nc_matmul: "the matmul accumulation and results are always in float32", and a contraction over 128 is
+    # split into instructions whose output tiles accumulate into one PSUM tile. The interpreter keeps that grouping
+    # (issue 31, speed: no fusing of a group's K-tiles into one GEMM): each instruction's float32 product tile is
+    # added to PSUM in order, and the tile is rounded to bfloat16 once when copied out.
+    lhs_t = torch.randn(384, 256, dtype=torch.bfloat16)
+    rhs = torch.randn(384, 1024, dtype=torch.bfloat16)
+    out = K.matmul_tiled(lhs_t.to(DEV), rhs.to(DEV)).cpu()
+    ref = torch.empty(256, 1024, dtype=torch.bfloat16)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the interpreter runs: the same GEMM kernel, so the same bits
+    try:
+        for i in range(2):
+            for j in range(2):
+                psum = torch.zeros(128, 512)
+                for kk in range(3):
+                    stationary = lhs_t[kk * 128:(kk + 1) * 128, i * 128:(i + 1) * 128].float()
+                    moving = rhs[kk * 128:(kk + 1) * 128, j * 512:(j + 1) * 512].float()
+                    psum += stationary.T @ moving
+                ref[i * 128:(i + 1) * 128, j * 512:(j + 1) * 512] = psum
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(out, ref)  # one GEMM over the whole contraction differs in a few elements of random data
+
+
 def test_every_matmul_variant_compiled() -> None:
     lhs_t = torch.randn(256, 256, dtype=torch.bfloat16, device=DEV)
     rhs = torch.randn(256, 1024, dtype=torch.bfloat16, device=DEV)

@@ -100,6 +100,20 @@ def test_over_budget_warns_by_default_with_the_figures() -> None:
     assert report.warnings == ["err-sbuf-capacity-exceeded"]
 
 
+def test_the_over_budget_message_names_the_allocation_that_went_over() -> None:
+    # the ledger builds this text only when an allocation goes over (issue 31, speed): it must still name the
+    # allocation, its shape and dtype, for SBUF and for PSUM
+    with pytest.warns(NkiCapacityWarning, match=r"after allocating sbuf_\d+ \(128, 16384\) float32, over the trn2"):
+        hold_sbuf(64, 4, platform_target="trn2")(X)
+
+    @nki.jit(capacity="strict")
+    def nine_banks(a):  # type: ignore[no-untyped-def]
+        return [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum, name=f"acc{i}") for i in range(9)]
+
+    with pytest.raises(NkiValidationError, match=r"9 PSUM banks are live after allocating acc8 \(128, 512\) float32"):
+        nine_banks(X)
+
+
 def test_the_budget_follows_the_target() -> None:
     kernel = hold_sbuf(50, 4)  # 200 KiB per partition: fits trn2's 224, not trn1's 192
     with warnings.catch_warnings():

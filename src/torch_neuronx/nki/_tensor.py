@@ -34,7 +34,7 @@ import threading
 import warnings
 import weakref
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,23 +89,27 @@ class Ledger:
     closed: bool = False
     scopes: list[list[Charge]] = field(default_factory=list)  # open iterations of compiler loops, innermost last
 
-    def charge(self, kind: MemoryRegion, amount: int, what: str) -> None:
+    def charge(self, kind: MemoryRegion, amount: int, what: Callable[[], str]) -> None:
+        """Add `amount` live; `what` names the allocation, called only when it goes over the budget (the message
+        costs more than the bookkeeping on the hot path)."""
         if kind is MemoryRegion.sbuf:
             self.sbuf_live += amount
             self.sbuf_peak = max(self.sbuf_peak, self.sbuf_live)
             over = self.sbuf_live > self.target.sbuf_partition_bytes
-            detail = (f"live SBUF is {self.sbuf_live} bytes per partition after allocating {what}, over the "
-                      f"{self.target.name} budget of {self.target.sbuf_partition_bytes} bytes per partition")
-            code = "err-sbuf-capacity-exceeded"
         else:
             self.psum_live += amount
             self.psum_peak = max(self.psum_peak, self.psum_live)
             over = self.psum_live > self.target.psum_banks
-            detail = (f"{self.psum_live} PSUM banks are live after allocating {what}, over the "
-                      f"{self.target.psum_banks} banks of 2 KiB per partition")
-            code = "err-psum-capacity-exceeded"
         if not over or self.mode == "off":
             return
+        if kind is MemoryRegion.sbuf:
+            detail = (f"live SBUF is {self.sbuf_live} bytes per partition after allocating {what()}, over the "
+                      f"{self.target.name} budget of {self.target.sbuf_partition_bytes} bytes per partition")
+            code = "err-sbuf-capacity-exceeded"
+        else:
+            detail = (f"{self.psum_live} PSUM banks are live after allocating {what()}, over the "
+                      f"{self.target.psum_banks} banks of 2 KiB per partition")
+            code = "err-psum-capacity-exceeded"
         hint = ("free tiles sooner (allocate inside the loop that uses them), tile smaller, or lower the "
                 "buffering; TORCH_NEURONX_NKI_CAPACITY=warn reports this as a warning")
         if self.mode == "strict":
@@ -228,7 +232,7 @@ class Storage:
     """One allocation: a flat host tensor (None when only shapes are traced) in one memory region."""
 
     __slots__ = ("data", "dtype", "buffer", "name", "shape", "numel", "partitions", "free", "acc", "owner",
-                 "written", "charge", "pending", "acc_full", "__weakref__")
+                 "written", "charge", "pending", "acc_full", "init", "__weakref__")
 
     def __init__(self, data: torch.Tensor | None, dtype: str, buffer: MemoryRegion, name: str,
                  shape: tuple[int, ...], owner: Any = None) -> None:
@@ -242,6 +246,7 @@ class Storage:
         self.free = self.numel // self.partitions if self.partitions else 0
         self.acc: torch.Tensor | None = None  # PSUM: which elements a matmul wrote (accumulation groups)
         self.acc_full = False  # PSUM: every element of acc is set (a whole-tile matmul group is open)
+        self.init: torch.Tensor | None = None  # PSUM on trn3: which elements any instruction wrote (nc_matmul)
         self.owner = owner  # the torch tensor / numpy array a kernel argument aliases
         self.written = False
         self.charge: Charge | None = None  # the ledger charge of an on-chip allocation
@@ -358,8 +363,10 @@ def allocate(shape: Any, dtype: Any, buffer: Any = MemoryRegion.sbuf, name: str 
             amount = max(1, -(-free_bytes // target.psum_bank_bytes))
             if launch.compute:
                 storage.acc = torch.zeros(storage.numel, dtype=torch.bool)
+                if target.nc_version >= 4:  # v4 may accumulate onto a memset (AWS nc_matmul's v2/v3 note)
+                    storage.init = torch.zeros(storage.numel, dtype=torch.bool)
         ledger = launch.ledger
-        ledger.charge(where, amount, f"{label} {dims} {dt}")
+        ledger.charge(where, amount, lambda: f"{label} {dims} {dt}")
         charge = Charge(ledger, where, amount)
         if ledger.scopes:
             ledger.scopes[-1].append(charge)
@@ -628,7 +635,7 @@ class NkiTensor:
            vector_offset: NkiTensor | None = None, indirect_dim: int = 0, dtype: Any = None) -> NkiTensor:
         """Replace shape and strides with an explicit ``[[stride, count], ...]`` access pattern."""
         try:
-            pairs = [(int(s), int(n)) for s, n in pattern]
+            pairs = [(operator.index(s), operator.index(n)) for s, n in pattern]  # 0.5 is refused, not truncated
         except (TypeError, ValueError):
             raise NkiValidationError("err-invalid-access-pattern", ".ap()", f"pattern {pattern!r} is not a list of "
                                      "[stride, count] pairs", operand="pattern") from None
@@ -667,10 +674,11 @@ class NkiTensor:
                                          f"{vector_offset.name!r} is in {vector_offset.buffer.value}",
                                          operand="vector_offset", value=vector_offset.buffer.value, limit="sbuf",
                                          hint="load the indices into an SBUF tile first (nisa.dma_copy or nl.load)")
-            if vector_offset.size != shape[indirect_dim]:
+            if vector_offset.size < shape[indirect_dim]:  # more: dma_transpose reads the first ones, see gathered
                 raise NkiValidationError("err-invalid-access-pattern", ".ap()",
                                          f"vector_offset has {vector_offset.size} indices for a dimension of "
-                                         f"{shape[indirect_dim]}", operand="vector_offset")
+                                         f"{shape[indirect_dim]}", operand="vector_offset",
+                                         value=vector_offset.size, limit=f"{shape[indirect_dim]} indices")
             # the index tile itself, read when the DMA runs (a tile reloaded after .ap() gives the new rows)
             gather = Gather(indirect_dim, None, tuple(vector_offset.shape), source=vector_offset)
         view = NkiTensor(self.storage, tuple(shape), tuple(strides), base, gather, dynamic)
@@ -899,6 +907,7 @@ def in_bounds(t: NkiTensor) -> torch.Tensor:
 def _flat_indices(t: NkiTensor) -> torch.Tensor:
     assert t.gather is not None
     dim, indices = t.gather.dim, t.gather.flat()
+    indices = indices[:t.shape[dim]]  # AWS dma_transpose: indices.T.flatten()[:src.shape[0]] (others: as many)
     index = torch.full((), t.offset, dtype=torch.int64)
     for d, (n, s) in enumerate(zip(t.shape, t.strides, strict=True)):
         pos = indices if d == dim else torch.arange(n, dtype=torch.int64)
@@ -986,6 +995,8 @@ def write(t: NkiTensor, values: torch.Tensor, *, skip_oob: bool = False) -> None
     if st.acc is not None:  # a non-matmul write ends the PSUM accumulation group there
         st.acc.as_strided(t.shape, t.strides, t.offset).fill_(False)
         st.acc_full = False
+        if st.init is not None:
+            st.init.as_strided(t.shape, t.strides, t.offset).fill_(True)
 
 
 def tensors_in(values: Iterable[Any]) -> list[NkiTensor]:

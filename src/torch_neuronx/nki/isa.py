@@ -19,6 +19,7 @@ import enum
 import functools
 import inspect
 import math
+import operator
 import warnings
 from typing import Any
 
@@ -214,6 +215,7 @@ def _not_both_psum(instruction: str, names: tuple[str, str], a: NkiTensor, b: Nk
     if a.buffer is MemoryRegion.psum and b.buffer is MemoryRegion.psum:
         raise NkiValidationError("err-unsupported-memory", instruction, f"{names[0]} and {names[1]} are both in "
                                  "PSUM; at most one input of this instruction may be", operand=names[1],
+                                 value="psum", limit="at most one input in PSUM (the other in SBUF)",
                                  hint="copy one of them to SBUF with nisa.tensor_copy")
 
 
@@ -299,6 +301,7 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority: Any = None, oob_mode: oob
                 operand=operand, value="psum", limit="hbm or sbuf",
                 hint="copy the PSUM tile to SBUF with nisa.tensor_copy, then DMA the SBUF tile")
         _tile(ins, operand, t, launch, dma_regions)
+        _one_index_per_row(ins, operand, t)
     if src.size != dst.size:
         raise NkiValidationError("err-shape-mismatch", ins, f"src {src.shape} has {src.size} elements, dst "
                                  f"{dst.shape} has {dst.size}", operand="dst", value=dst.size, limit=src.size)
@@ -318,6 +321,17 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority: Any = None, oob_mode: oob
                 values = torch.where(ok, values, read(dst).to(values.dtype))
         write(dst, values, skip_oob=skip)
     return dst
+
+
+def _one_index_per_row(ins: str, operand: str, t: NkiTensor) -> None:
+    """A gather/scatter view (``.ap(vector_offset=)``) takes one index per row it addresses; only dma_transpose reads
+    the first ``src.shape[0]`` of more (AWS: "indices.shape[0] * indices.shape[1] must be >= src.shape[0]")."""
+    g = t.gather
+    if g is not None and math.prod(g.index_shape) != t.shape[g.dim]:
+        raise NkiValidationError("err-invalid-access-pattern", ins, f"vector_offset has {math.prod(g.index_shape)} "
+                                 f"indices for the {t.shape[g.dim]} rows {t.name!r} addresses", operand=operand,
+                                 value=math.prod(g.index_shape), limit=f"{t.shape[g.dim]} indices, one per row",
+                                 hint="give as many indices as the pattern's indirect dimension counts")
 
 
 def _check_dma_options(ins: str, launch: Launch, priority: Any, dge: Any) -> None:
@@ -482,7 +496,8 @@ def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: engine = engine.unknown,
                                  operand="engine", value="gpsimd", limit="vector or scalar with PSUM operands")
     if engine is _SCALAR and launch.target.nc_version == 2:
         raise NkiValidationError("err-unsupported-engine", ins, "NeuronCore-v2 has no Scalar Engine tensor_copy",
-                                 operand="engine", hint="use nisa.activation(op=nl.copy) or engine=vector")
+                                 operand="engine", value="scalar", limit="vector or gpsimd on NeuronCore-v2 "
+                                 "(scalar from NeuronCore-v3)", hint="use nisa.activation(op=nl.copy) or engine=vector")
     if launch.compute:
         values = read(src)
         if src.dtype != dst.dtype:
@@ -563,7 +578,8 @@ def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Any, e
     name_ = op_name(op)
     if name_ == "power" and MemoryRegion.psum in (data1.buffer, data2.buffer, dst.buffer):
         raise NkiValidationError("err-unsupported-memory", ins, "nl.power runs on GpSimd, which cannot access PSUM",
-                                 operand="op")
+                                 operand="op", value="power", limit="SBUF operands and dst for nl.power",
+                                 hint="copy the PSUM operand to SBUF with nisa.tensor_copy first")
     _check_op_target(ins, name_, launch)
     if name_ in BITVEC:
         cdt = _check_arith_dtypes(ins, name_, ("data1", data1), ("data2", data2))
@@ -825,7 +841,8 @@ def reciprocal(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> Any:
 
 
 def _reduce_axes(ins: str, data: NkiTensor, axis: Any) -> tuple[int, ...]:
-    axes = (axis,) if isinstance(axis, int) else tuple(int(a) for a in axis)
+    items = axis if isinstance(axis, (list, tuple, range)) else (axis,)
+    axes = tuple(_int_immediate(ins, "axis", a) for a in items)  # "1" or 1.0 is refused, not coerced
     axes = tuple(a + data.ndim if a < 0 else a for a in axes)
     expected = tuple(range(data.ndim - len(axes), data.ndim))
     if not axes or sorted(axes) != list(expected) or 0 in axes:
@@ -956,10 +973,40 @@ def tensor_copy_predicated(dst: NkiTensor, src: Any, predicate: NkiTensor, rever
     return dst
 
 
+def _int_immediate(ins: str, operand: str, value: Any) -> int:
+    """A compile-time integer operand (a Python or NumPy int): 0.5, 32.0 or "32" is refused, not truncated or
+    parsed, as shapes are (docs/nki.md, err-invalid-shape)."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise NkiValidationError("err-invalid-operand", ins, f"{operand} {value!r} is not an integer", operand=operand,
+                             value=value, limit="a compile-time integer", hint="pass a Python int")
+
+
+def _float_immediate(ins: str, operand: str, value: Any) -> float:
+    """A compile-time number operand (int, float, NumPy scalar): a string, a tile or None is refused, not parsed."""
+    if not isinstance(value, (str, bytes, bool, _NkiTensor)) and value is not None:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    raise NkiValidationError("err-invalid-operand", ins, f"{operand} {value!r} is not a number", operand=operand,
+                             value=value, limit="a compile-time float32 scalar", hint="pass a Python float")
+
+
 def _pattern_values(ins: str, dst: NkiTensor, pattern: Any, offset: int, channel_multiplier: int) -> torch.Tensor:
     """The affine values of iota / affine_select in the engine's 32-bit integer arithmetic (AWS: "computed in 32-bit
     integer arithmetic", an int32 offset and channel_multiplier, a pattern of up to 4 [step, num] pairs)."""
-    pairs = [(int(s), int(n)) for s, n in pattern]
+    try:
+        raw = [(s, n) for s, n in pattern]
+    except (TypeError, ValueError):
+        raise NkiValidationError("err-invalid-access-pattern", ins, f"pattern {pattern!r} is not a list of "
+                                 "[step, num] pairs", operand="pattern", limit="up to 4 [step, num] pairs") from None
+    pairs = [(_int_immediate(ins, "pattern", s), _int_immediate(ins, "pattern", n)) for s, n in raw]
+    offset = _int_immediate(ins, "offset", offset)  # AWS: int32 immediates; 0.25 is refused, not truncated
+    channel_multiplier = _int_immediate(ins, "channel_multiplier", channel_multiplier)
     if len(pairs) > 4:
         raise NkiValidationError("err-invalid-access-pattern", ins, f"pattern {pattern} has {len(pairs)} dimensions",
                                  operand="pattern", value=len(pairs), limit="up to 4 [step, num] pairs")
@@ -1007,6 +1054,7 @@ def affine_select(dst: NkiTensor, pattern: Any, channel_multiplier: int, on_true
     _tile(ins, "on_true_tile", on_true_tile, launch, (MemoryRegion.sbuf,))
     _same_layout(ins, "on_true_tile", on_true_tile, "dst", dst)
     values = _pattern_values(ins, dst, pattern, offset, channel_multiplier)
+    on_false_value = _float_immediate(ins, "on_false_value", on_false_value)  # AWS: "must be float32"
     cmp = op_name(cmp_op) if cmp_op is not None else "equal"
     if launch.compute:
         mask = _binary(cmp, values.to(torch.float32), 0.0) != 0
@@ -1087,7 +1135,8 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
     if (stationary.dtype in wide) != (moving.dtype in wide):
         raise NkiValidationError("err-unsupported-dtype", ins, f"stationary is {stationary.dtype}, moving "
                                  f"{moving.dtype}: a float32/tfloat32 operand needs a float32/tfloat32 partner",
-                                 operand="moving", value=moving.dtype)
+                                 operand="moving", value=moving.dtype, limit="float32 or tfloat32" if
+                                 stationary.dtype in wide else "not float32/tfloat32 (as stationary)")
     dst_ok = {"float32"} | ({"bfloat16"} if target.nc_version >= 4 else set())
     if is_transpose:
         dst_ok = dst_ok | {stationary.dtype}
@@ -1109,10 +1158,14 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
     flags = acc.reshape(m, n)
     whole = covers(dst)
     all_set = (whole and st.acc_full) or bool(flags.all())
-    if accumulate is True and not all_set:
+    if accumulate is True and not all_set and not _value_initialized(st, dst, flags):
+        v4 = target.nc_version >= 4
         raise NkiValidationError("err-psum-accumulate-uninitialized", ins, f"accumulate=True into PSUM {dst.name!r} "
-                                 "that no matmul has written since it was allocated or overwritten",
-                                 operand="accumulate", hint="start the group with accumulate=False (or leave "
+                                 f"that no {'instruction' if v4 else 'matmul'} has written since it was allocated"
+                                 f"{'' if v4 else ' or overwritten'}", operand="accumulate",
+                                 limit="PSUM a matmul or another instruction (memset, tensor_copy) wrote" if v4 else
+                                 f"PSUM a matmul wrote (a memset or tensor_copy does not count on {target.name})",
+                                 hint="start the group with accumulate=False (or leave "
                                  "accumulate=None: first write overwrites, later ones accumulate)")
     prepare_write(dst)
     target_view = st.data.as_strided(dst.shape, dst.strides, dst.offset)  # type: ignore[union-attr]
@@ -1132,6 +1185,17 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
     st.acc_full = st.acc_full or whole
     st.written = True
     return dst
+
+
+def _value_initialized(st: Any, dst: NkiTensor, flags: torch.Tensor) -> bool:
+    """NeuronCore-v4: whether every element of `dst` holds a value some instruction wrote. AWS nc_matmul: "On
+    NeuronCore-v2 and NeuronCore-v3, matmul accumulating into a PSUM location that was value-initialized by a
+    non-matmul instruction (e.g., memset, tensor_copy) is not supported", so v4 accumulates onto it; onto a location
+    nothing wrote, accumulate=True is "undefined behavior on all targets"."""
+    if st.init is None:  # trn1/trn2: only a matmul opens an accumulation group
+        return False
+    written = st.init.as_strided(dst.shape, dst.strides, dst.offset).reshape(flags.shape)
+    return bool((flags | written).all())
 
 
 def _perf_mode_name(perf_mode: Any) -> str:
@@ -1157,7 +1221,7 @@ def _check_double_row(ins: str, stationary: NkiTensor, moving: NkiTensor, launch
             raise NkiValidationError("err-shape-mismatch", ins, f"perf_mode=double_row needs {operand} as "
                                      f"[K, 2, ...], got {t.shape}", operand=operand, value=t.shape,
                                      limit="first free dimension of size 2")
-    if tile_size and int(tile_size[1]) != 128:
+    if tile_size and _int_immediate(ins, "tile_size", tile_size[1]) != 128:
         raise NkiValidationError("err-unsupported-feature", ins, "perf_mode=double_row with column tiling",
                                  operand="tile_size", value=tuple(tile_size), limit="column_size 128")
 
@@ -1166,18 +1230,21 @@ def _check_tiling(ins: str, tile_position: Any, tile_size: Any, launch: Launch) 
     """AWS nc_matmul tiling mode: rows/columns of 128, 64 (v2+) or 32 (v3+); positions multiples of the size."""
     target = launch.target
     if not tile_size:
-        if tile_position and any(int(v) for v in tile_position):
+        if tile_position and any(_int_immediate(ins, "tile_position", v) for v in tile_position):
             raise NkiValidationError("err-unsupported-feature", ins, f"tile_position {tuple(tile_position)} without "
                                      "tile_size", operand="tile_size", hint="set both to enable tiling mode")
         return target.pmax, target.gemm_stationary_fmax
     sizes = (64, 128) if target.nc_version == 2 else (32, 64, 128)
-    row_size, col_size = int(tile_size[0]), int(tile_size[1])
+    if len(tile_size) != 2:
+        raise NkiValidationError("err-invalid-operand", ins, f"tile_size {tile_size!r}", operand="tile_size",
+                                 value=tile_size, limit="(row_size, column_size)")
+    row_size, col_size = (_int_immediate(ins, "tile_size", v) for v in tile_size)
     for what, value in (("row_size", row_size), ("column_size", col_size)):
         if value not in sizes:
             raise NkiValidationError("err-unsupported-feature", ins, f"tile_size {what} {value} on {target.name}",
                                      operand="tile_size", value=value, limit=" or ".join(map(str, sizes)) +
                                      (" (NeuronCore-v2 has 2 x 64 row tiles)" if target.nc_version == 2 else ""))
-    position = tuple(int(v) for v in tile_position) if tile_position else (0, 0)
+    position = tuple(_int_immediate(ins, "tile_position", v) for v in tile_position) if tile_position else (0, 0)
     for what, start, size in (("start_row", position[0], row_size), ("start_column", position[1], col_size)):
         if start % size or not 0 <= start < 128:
             raise NkiValidationError("err-unsupported-feature", ins, f"tile_position {what} {start} for a "
@@ -1445,6 +1512,7 @@ def dma_compute(dst: NkiTensor, srcs: Any, reduce_op: Any, scales: Any = None, u
             raise NkiValidationError("err-dma-psum", ins, f"is {t.name!r} in PSUM", operand=operand, value="psum",
                                      limit="hbm or sbuf")
         _tile(ins, operand, t, launch, dma_regions)
+        _one_index_per_row(ins, operand, t)
         if t.size != dst.size:
             raise NkiValidationError("err-shape-mismatch", ins, f"{operand} {t.shape} for dst {dst.shape}",
                                      operand=operand, value=t.size, limit=dst.size)
@@ -1926,7 +1994,8 @@ def range_select(dst: NkiTensor, on_true_tile: NkiTensor, comp_op0: Any, comp_op
     if range_start + on_true_tile.free_size > 2 ** 24 or range_start < -(2 ** 24):
         raise NkiValidationError("err-invalid-operand", ins, "range_start plus the free index leaves float32's "
                                  "exact integers", operand="range_start", value=range_start, limit="within 2^24")
-    if torch.tensor(float(on_false_value), dtype=torch.float32).item() != _FP32_MIN:  # as written to fp32
+    on_false_value = _float_immediate(ins, "on_false_value", on_false_value)
+    if torch.tensor(on_false_value, dtype=torch.float32).item() != _FP32_MIN:  # as written to fp32
         raise NkiValidationError("err-invalid-operand", ins, f"on_false_value {on_false_value!r}",
                                  operand="on_false_value", value=on_false_value,
                                  limit="FP32_MIN (-3.4028235e+38), a hardware constraint")

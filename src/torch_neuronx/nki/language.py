@@ -573,33 +573,44 @@ class _CompilerLoop:
         return repr(self.values)
 
 
-def _range(start: Any, stop: Any, step: Any) -> range:
-    start, step = int(start), int(step)
-    return range(start, int(stop), step) if stop is not None else range(start)
+def _range(start: Any, stop: Any, step: Any, instruction: str, positive_step: bool = False) -> range:
+    """range(start, stop, step) of integers (registers for dynamic bounds): 2.5 is refused, not truncated; a step of
+    0 is refused, and so is a step below 1 where AWS asks for "a compile-time positive integer" (`positive_step`)."""
+    first = isa._int_immediate(instruction, "start", start)
+    step_size = None if isinstance(step, isa.VirtualRegister) else isa._int_immediate(instruction, "step", step)
+    if step_size is None or step_size == 0 or (positive_step and step_size < 0):
+        raise NkiValidationError("err-invalid-operand", instruction, f"step {step!r}", operand="step", value=step,
+                                 limit="a compile-time positive integer" if positive_step else
+                                 "a compile-time non-zero integer", hint="pass a positive Python int as step")
+    if stop is None:
+        return range(first)
+    return range(first, isa._int_immediate(instruction, "stop", stop), step_size)
 
 
 def affine_range(start: int, stop: int | None = None, step: int = 1) -> _CompilerLoop:
     """Iterations the compiler may overlap (run here in order); body tiles live for one iteration."""
-    return _CompilerLoop(_range(start, stop, step))
+    return _CompilerLoop(_range(start, stop, step, "nl.affine_range"))
 
 
 def sequential_range(start: int, stop: int | None = None, step: int = 1) -> _CompilerLoop:
     """Iterations with a loop-carried dependency, in order; body tiles live for one iteration."""
-    return _CompilerLoop(_range(start, stop, step))
+    return _CompilerLoop(_range(start, stop, step, "nl.sequential_range"))
 
 
 def static_range(start: int, stop: int | None = None, step: int = 1) -> range:
     """A loop the tracer unrolls: each iteration's tiles are distinct and live while the kernel references them."""
-    return _range(start, stop, step)
+    return _range(start, stop, step, "nl.static_range")
 
 
 def dynamic_range(start: Any, stop: Any = None, step: int = 1) -> _CompilerLoop:
     """A loop with run-time bounds (registers or ints); body tiles live for one iteration."""
-    return _CompilerLoop(_range(start, stop, step))
+    return _CompilerLoop(_range(start, stop, step, "nl.dynamic_range", positive_step=True))
 
 
 def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any], Any], step: int = 1) -> None:
-    for i in loop_iterations(range(int(lower), int(upper), int(step))):
+    """``body_fun(i)`` for i in range(lower, upper, step); AWS: "step: step size, must be a compile-time positive
+    integer" (0, -1, 1.5 or a register is refused, not run as zero iterations)."""
+    for i in loop_iterations(_range(lower, upper, step, "nl.fori_loop", positive_step=True)):
         body_fun(isa.VirtualRegister(i))
 
 
