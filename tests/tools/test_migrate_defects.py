@@ -6,6 +6,7 @@ passes `runtime.global_ordinal()`). In-process; a few seconds.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import os
@@ -102,7 +103,7 @@ def test_an_attribute_that_is_stored_to_is_not_rewritten_as_a_read() -> None:
 # ------------------------------------------------------------------ 11-14: the helpers' semantics, run
 
 def _helpers(*names: str) -> dict:
-    namespace: dict = {"torch": torch, "os": os}
+    namespace: dict = {"torch": torch, "os": os, "copy": copy}
     for n in ("neuron_to_device", *names):
         exec(helper_source(n, "cpu", "gloo"), namespace)
     return namespace
@@ -907,3 +908,263 @@ def test_rv32b_11_a_mixed_eol_notebook_keeps_each_unchanged_lines_ending() -> No
     assert all(ln == by_text[ln.rstrip("\r\n")] for ln in new if ln.rstrip("\r\n") in kept
                and sum(o.rstrip("\r\n") == ln.rstrip("\r\n") for o in old) == 1)  # unchanged lines: same bytes
     assert migrate_source(res, "notebook").result == res  # idempotent
+
+
+# ------------------------------------------------------------------ the rv32c review (its 16 findings)
+# torch_xla's semantics: pytorch/xla torch_xla/core/xla_model.py (add_step_closure keeps `lambda a=args:
+# closure(*a)`), torch_xla/distributed/xla_multiprocessing.py (_SpawnFn calls `fn(ordinal, *args)`),
+# torch_xla/runtime.py (addressable_device_count: the devices visible to this process), torch_xla/utils/utils.py
+# (for_each_instance_rewrite, which MpDeviceLoader's device copy uses: dicts, lists, tuples, sets, `__dict__`).
+
+RV32C_SPAWN = """\
+import json, sys
+import torch
+import torch.distributed as dist
+import torch_xla.core.xla_model as xm
+import torch_xla.distributed.xla_multiprocessing as xmp
+import torch_xla.runtime as xr
+
+DDP = "--ddp" in sys.argv  # test/test_train_mp_mnist.py's shape: a group only behind a flag
+seen = []
+
+
+def log(*vals):
+    seen.append(vals)
+
+
+def train(index, *extra):
+    if DDP:
+        dist.init_process_group("xla", init_method="xla://")
+    dev = xm.xla_device()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1, bias=False).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rank = xm.get_ordinal()
+    model(torch.full((2, 4), float(rank + 1), device=dev)).sum().backward()
+    xm.optimizer_step(opt)
+    acc = xm.mesh_reduce("acc", float(rank), lambda v: sum(v) / len(v))
+    xs = (1, 2)
+    xm.add_step_closure(log, args=(*xs, 3))
+    xm.mark_step()
+    it = iter(range(3))
+    xm.master_print([v for v in it])
+    print("RESULT " + json.dumps({"rank": rank, "extra": list(extra), "acc": acc, "seen": seen, "left": list(it),
+                                  "w": model.weight.detach().cpu().flatten().tolist(),
+                                  "addressable": xr.addressable_device_count()}), flush=True)
+
+
+if __name__ == "__main__":
+    extra = (10, 20)
+    xmp.spawn(train, args=(*extra,))
+"""
+
+
+def test_rv32c_1_2_3_4_5_a_spawned_script_averages_unpacks_and_evaluates_as_xla_on_two_ranks(
+        tmp_path: Path) -> None:
+    """One torchrun launch for five findings. 1: an init_process_group behind a flag stopped the launcher's group
+    being added (gradients not averaged, mesh_reduce local, exit 0); 2, 3: `args=(*xs, 3)` lost its star; 4:
+    addressable_device_count was LOCAL_WORLD_SIZE; 5: a comprehension given to master_print ran on rank 0 only.
+    Reference: a one-process full-batch step (the mean of both ranks' gradients), computed here on the CPU."""
+    from torch_neuronx.testing.workers import run_processes, torchrun_argv
+
+    res = migrate_python(RV32C_SPAWN)
+    assert [f.rule for f in res.flags] == ["xla-spawn-group"]  # the init behind the flag: exit 1, not silent
+    script = tmp_path / "spawned.py"
+    script.write_text(res.code)
+    proc = run_processes([(torchrun_argv("--standalone", "--nproc-per-node", "2", str(script)), {})], tmp_path,
+                         600.0, cwd=tmp_path)[0]
+    assert proc.rc == 0, proc.log()
+    results = sorted((json.loads(ln.split(" ", 1)[1]) for ln in proc.out.splitlines() if ln.startswith("RESULT ")),
+                     key=lambda r: r["rank"])
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(4, 1, bias=False)
+    grad = (2 * 1.0 + 2 * 2.0) / 2  # rank r's gradient is 2 (r + 1) per weight; XLA averaged them
+    expected = (reference.weight.detach().flatten() - 0.1 * grad).tolist()
+    assert [r["rank"] for r in results] == [0, 1]
+    for r in results:
+        assert r["w"] == pytest.approx(expected, abs=1e-6) and r["acc"] == 0.5
+        assert r["extra"] == [10, 20] and r["seen"] == [[1, 2, 3]] and r["left"] == [] and r["addressable"] == 1
+    assert proc.out.count("[0, 1, 2]") == 1  # printed by the global master only
+
+
+def test_rv32c_1_a_launched_function_that_starts_its_group_first_gets_none_added() -> None:
+    """The twin: `init_process_group` as the spawned function's own first statements (every path) is left to
+    start the group, unflagged."""
+    code = ("import torch.distributed as dist\nimport torch_xla.distributed.xla_multiprocessing as xmp\n"
+            "def train(index):\n    dist.init_process_group('xla')\n    print(index)\nxmp.spawn(train)\n")
+    res = migrate_python(code)
+    assert not res.flags and "is_initialized()" not in res.code and "dist.init_process_group('neuron')" in res.code
+    # AWS's samples: a group under torchrun, else a launch; there WORLD_SIZE is unset, so the added group (guarded
+    # by it) never starts and cannot meet the script's own: unflagged. Under the opposite test: flagged.
+    branches = ("import os\nimport torch.distributed as dist\nimport torch_xla.distributed.xla_multiprocessing as xmp\n"
+                "if {test}:\n    dist.init_process_group('xla')\n    train(0)\nelse:\n    xmp.spawn(train)\n")
+    assert rules(branches.format(test="os.environ.get('WORLD_SIZE')")) == []
+    assert rules(branches.format(test="os.environ.get('WORLD_SIZE') is None")) == ["xla-spawn-group"]
+
+
+def test_rv32c_2_3_starred_arguments_stay_unpacked(monkeypatch: pytest.MonkeyPatch) -> None:
+    code = (XM + "import torch_xla\nseen = []\ndef log(*vals):\n    seen.append(vals)\nxs = (1, 2)\n"
+            "xm.add_step_closure(log, args=(*xs, 3))\nxm.mark_step()\n"
+            "def fn(index, *cfg):\n    seen.append((index, cfg))\n"
+            "torch_xla.launch(fn, args=(*xs, 5))\n")
+    res = migrate_python(code)
+    assert "log(*xs, 3)" in res.code and 'fn(int(os.environ.get("LOCAL_RANK", "0")), *xs, 5)' in res.code
+    assert _run(res.code, {"LOCAL_RANK": "1"}, monkeypatch)["seen"] == [(1, 2, 3), (1, (1, 2, 5))]
+
+
+def test_rv32c_4_addressable_devices_are_one_per_process_and_local_devices_the_local_world() -> None:
+    out = migrate_python("import torch_xla.runtime as xr\nn = xr.addressable_device_count()\n"
+                         "m = xr.local_device_count()\n").code
+    assert "n = 1\n" in out and 'm = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))' in out
+
+
+def test_rv32c_5_a_comprehension_given_to_master_print_runs_on_every_rank(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    code = XM + "it = iter(range(4))\nxm.master_print([x for x in it])\nleft = list(it)\n"
+    res = migrate_python(code)
+    assert "neuron_master_print([x for x in it])" in res.code and not res.flags
+    assert _run(res.code, {"RANK": "1", "LOCAL_RANK": "1"}, monkeypatch)["left"] == []
+    assert capsys.readouterr().out == ""  # printed by rank 0 only
+    twin = migrate_python(XM + "xm.master_print('loss', loss)\n").code  # nothing to evaluate: the plain `if`
+    assert "if int(os.environ.get(\"RANK\", \"0\")) == 0:" in twin and "neuron_master_print" not in twin
+
+
+RECORDER = "class Recorder:\n    def get_ordinal(self):\n        return 'recorder'\n"
+
+
+def test_rv32c_6_8_defaults_and_class_bodies_follow_pythons_scopes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A default value is evaluated where the function is defined (a class body's default reads the class's
+    names); a class body reads the import until it binds the name; a comprehension in a class body does not see
+    the class's names. Each went the other way: a dropped import left NameErrors (exit 0), or torch_xla's
+    ordinal replaced the class's object."""
+    env = {"RANK": "3", "LOCAL_RANK": "1"}
+    module_default = XM + RECORDER + ("def report(rank=xm.get_ordinal()):\n    xm = Recorder()\n"
+                                      "    return rank, xm.get_ordinal()\nr = report()\n")
+    res = migrate_python(module_default)
+    assert not res.flags and _run(res.code, env, monkeypatch)["r"] == (3, "recorder")
+    class_default = XM + RECORDER + ("class Job:\n    xm = Recorder()\n    def rank(self, r=xm.get_ordinal()):\n"
+                                     "        return r, xm.get_ordinal()\nr = Job().rank()\n")
+    res = migrate_python(class_default)
+    assert not res.flags and _run(res.code, env, monkeypatch)["r"] == ("recorder", 3)
+    class_order = XM + RECORDER + ("class Config:\n    first = xm.get_ordinal()\n    xm = Recorder()\n"
+                                   "    own = xm.get_ordinal()\n    listed = [xm.get_ordinal() for _ in range(1)]\n")
+    res = migrate_python(class_order)
+    config = _run(res.code, env, monkeypatch)["Config"]
+    assert not res.flags and (config.first, config.own, config.listed) == (3, "recorder", [3])
+
+
+def test_rv32c_8_a_module_bound_as_a_default_or_on_one_path_is_flagged_and_its_import_kept() -> None:
+    """`def step(xm=xm)` binds the module itself; `if flag: xm = Recorder()` in a class body leaves either: no
+    same-meaning rewrite, so flagged, the import kept, and flagged again by a second pass."""
+    for code, rule in ((XM + "def step(xm=xm):\n    xm.mark_step()\n", "no-rewrite"),
+                       (XM + RECORDER + "class C:\n    if flag:\n        xm = Recorder()\n"
+                        "    r = xm.get_ordinal()\n", "class-scope")):
+        first = migrate_source(code, "python")
+        assert {f.rule for f in first.report.flags} == {rule, "import-kept"}, code
+        assert XM in first.result
+        second = migrate_source(first.result, "python")
+        assert second.result == first.result and len(second.report.flags) == len(first.report.flags)
+
+
+@pytest.mark.parametrize("probe", ["importlib.util.find_spec('torch_xla') is not None",
+                                   "importlib.util.find_spec('torch_xla.core')",
+                                   "is_torch_xla_available()", "utils.is_torch_tpu_available()"])
+def test_rv32c_7_probes_for_an_installed_torch_xla_are_flagged(probe: str) -> None:
+    code = f"import importlib.util\nimport torch\n{XM}if {probe}:\n    d = xm.xla_device()\n"
+    assert rules(code) == ["xla-test"]
+
+
+def test_rv32c_7_probes_for_other_packages_are_not_flagged() -> None:
+    assert rules(f"import importlib.util\n{XM}if importlib.util.find_spec('numpy'):\n    d = xm.xla_device()\n") == []
+
+
+def test_rv32c_9_a_cell_magic_stays_the_first_line_and_writefile_gets_its_own_imports() -> None:
+    """IPython requires a cell magic on its cell's first line (else UsageError); the file `%%writefile` writes
+    is a module of its own, so its imports and helpers go inside it, not into the kernel's cells."""
+    nb = _notebook("import os\n", "%%writefile train.py\n" + XM + "xm.save({'w': 1}, 'ck.pt')\n",
+                   "%%time\n" + XM + "d = xm.xla_device()\n")
+    first = migrate_source(nb, "notebook")
+    kernel, written, timed = _cells(first.result)
+    assert kernel == "import os\n"
+    assert written.startswith("%%writefile train.py\n") and timed.startswith("%%time\n")
+    body = written.split("\n", 1)[1]
+    compile(body, "train.py", "exec")
+    assert "def neuron_save" in body and "import torch" in body and "neuron_save({'w': 1}, 'ck.pt')" in body
+    assert "d = " + DEV in timed and "import os" not in timed and not first.report.flags  # the kernel has `os`
+    assert migrate_source(first.result, "notebook").result == first.result
+    # a body the migration empties (a removed mark_step) keeps a statement: IPython refuses an empty cell magic
+    assert _cells(migrate_source(_notebook("%%capture\n" + XM + "xm.mark_step()\n"), "notebook").result) == [
+        "%%capture\npass\n"]
+
+
+def test_rv32c_10_the_loader_moves_batches_held_in_objects_and_sets() -> None:
+    from transformers import BatchEncoding
+
+    to_device = _helpers()["neuron_to_device"]
+    batch = BatchEncoding({"input_ids": torch.ones(2, 3, dtype=torch.long)})
+    moved = to_device(batch, "meta")
+    assert isinstance(moved, BatchEncoding) and moved["input_ids"].device.type == "meta"
+    assert batch["input_ids"].device.type == "cpu"  # a copy, as XLA's rewrite: the loader's batch is untouched
+    assert {t.device.type for t in to_device({torch.ones(1)}, "meta")} == {"meta"}
+    assert to_device(("a", 1, None), "meta") == ("a", 1, None)  # the twin: no tensor, nothing changes
+
+
+NXD_LAYER = "from neuronx_distributed.parallel_layers.layers import ColumnParallelLinear\nimport torch\n"
+MLP = ("class MLP(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+       "        self.up = ColumnParallelLinear(4, 8, gather_output=False)\n")
+
+
+def test_rv32c_11_a_model_built_above_its_class_or_through_a_subclass_is_flagged() -> None:
+    mesh = "from neuronx_distributed.parallel_layers import parallel_state\n"
+    init = "parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)\n"
+    after = NXD_LAYER + mesh + "def main():\n    " + init + "    model = MLP()\n" + MLP + "main()\n"
+    assert "nxd-plan" in rules(after) and "= parallelize_module(" not in migrate_python(after).code
+    sub = NXD_LAYER + mesh + MLP + "class Wide(MLP):\n    pass\n" + init + "a = MLP()\nb = Wide()\n"
+    assert rules(sub) == ["nxd-plan"]
+    twin = NXD_LAYER + mesh + MLP + "def main():\n    " + init + "    model = MLP()\nmain()\n"
+    assert rules(twin) == [] and 'model = parallelize_module(model, neuron_mesh()["tp"]' in migrate_python(twin).code
+
+
+def test_rv32c_12_an_xla_device_name_built_at_run_time_is_flagged() -> None:
+    assert rules(XM + "dev = torch.device(f'xla:{xm.get_local_ordinal()}')\n") == ["xla-device-string"]
+    assert rules(XM + "dev = torch.device(f'cuda:{xm.get_local_ordinal()}')\n") == []
+
+
+def test_rv32c_13_a_second_pass_keeps_two_identical_todos_as_two_flags() -> None:
+    code = XM + "def step(opt, loss, g):\n    r = xm.all_reduce(xm.REDUCE_SUM, loss, groups=g)\n" \
+                "    xm.reduce_gradients(opt, groups=g)\n"
+    first = migrate_source(code, "python")
+    second = migrate_source(first.result, "python")
+    assert len(first.report.flags) == 3 and len(second.report.flags) == 3 and second.result == first.result
+
+
+@pytest.mark.parametrize(("call", "count"), [("torch_xla.launch(fn, args=(7,), debug_single_process=True)", "1 "),
+                                             ("torch_xla.launch(fn, (), 'fork', True)", "1 "),
+                                             ("torch_xla.launch(fn, (), 'fork')", "<cores>"),
+                                             ("xmp.spawn(fn, (), 4)", "4")])
+def test_rv32c_14_the_launch_warning_names_xlas_process_count(call: str, count: str) -> None:
+    code = "import torch_xla\nimport torch_xla.distributed.xla_multiprocessing as xmp\n" + call + "\n"
+    warnings = [r.warning for r in migrate_python(code).rewrites if r.warning]
+    assert len(warnings) == 1 and f"--nproc-per-node {count}" in warnings[0]
+
+
+def test_rv32c_16_a_closure_then_mark_step_on_a_one_line_body_is_not_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
+    code = XM + "seen = []\nfor i in range(2): xm.add_step_closure(seen.append, args=(i,)); xm.mark_step()\n"
+    res = migrate_python(code)
+    assert not res.flags and _run(res.code, {}, monkeypatch)["seen"] == [0, 1]
+    twin = XM + "for i in range(2): xm.add_step_closure(seen.append, args=(i,)); i += 1\n"  # no mark_step after it
+    assert rules(twin) == ["xla-step-closure"]
+
+
+def test_rv32c_a_coding_declaration_is_honoured_and_the_file_written_back_in_it(tmp_path: Path) -> None:
+    """PEP 263: a Python file that declares latin-1 is valid Python; it was refused as not UTF-8. The twin, the
+    same bytes with no declaration, is not valid Python and is still refused (test_migrate.py's bad inputs)."""
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "l1.py").write_bytes(("# -*- coding: latin-1 -*-\n" + XM + "name = 'caf\xe9'\nd = xm.xla_device()\n")
+                                .encode("latin-1"))
+    assert cli_main(["migrate", str(src), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    out = (tmp_path / "out" / "l1.py").read_bytes()
+    assert b"name = 'caf\xe9'" in out and b"torch_xla" not in out  # the same byte, read by Python as latin-1
+    (src / "bad.py").write_bytes("# -*- coding: utf-8 -*-\nname = 'caf\xe9'\n".encode("latin-1"))
+    assert cli_main(["migrate", str(src / "bad.py"), "--quiet"]) == 2

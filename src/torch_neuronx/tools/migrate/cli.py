@@ -80,7 +80,7 @@ def _run_check(args: argparse.Namespace, script_args: list[str], results: list,
     out = Path(m.report.output)
     twin = out.with_name(out.stem + "_cpu_reference.py")
     ref = migrate_source(m.source, "python", target_cpu, str(twin))  # type: ignore[arg-type]
-    twin.write_text(ref.result or "")
+    twin.write_text(ref.result or "", encoding=m.encoding)
     check_dir = Path(args.check_out)
     cfg = CheckConfig(command=[str(out), *script_args], reference=[str(twin), *script_args],
                       nproc_per_node=args.check_nproc_per_node, out_dir=check_dir, progress=False)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ast
 import difflib
+import io
 import os
+import tokenize
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,7 @@ class Migrated:
     source: str | None = None
     result: str | None = None
     spawn: bool = False
+    encoding: str = "utf-8"  # how the file was read, and is written back (a PEP 263 coding declaration)
 
 
 def kind_of(path: Path) -> str | None:
@@ -61,7 +64,8 @@ def migrate_source(code: str, kind: str = "python", target: Target = NEURON, pat
         else:
             rep.error = f"unknown kind {kind!r}"
             return m
-        rep.flags = without_reraised_todos(rep.flags)
+        if kind != "python":  # a Python file's TODOs were matched, one for one, by migrate_python (rv32c item 13)
+            rep.flags = without_reraised_todos(rep.flags)
     except cst.ParserSyntaxError as e:
         rep.error = f"syntax error: {e.message} (the file was left untouched)"
         rep.error_line = e.raw_line
@@ -109,14 +113,31 @@ def without_reraised_todos(flags: list[Flag]) -> list[Flag]:
     return kept
 
 
-def _read(path: Path) -> str:
+def _read(path: Path, kind: str | None = None) -> tuple[str, str]:
+    """The text and its encoding: UTF-8, or for Python the encoding its coding declaration names (PEP 263:
+    `# -*- coding: latin-1 -*-` on line 1 or 2), as Python itself reads it."""
     data = path.read_bytes()
     if b"\x00" in data[:8192]:
         raise ValueError("a binary file, not text")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8"), "utf-8"
     except UnicodeDecodeError as e:
-        raise ValueError(f"not UTF-8 text (byte {e.start})") from e
+        declared = _declared_encoding(data) if kind == "python" else None
+        if declared is None:
+            raise ValueError(f"not UTF-8 text (byte {e.start})") from e
+        try:
+            return data.decode(declared), declared
+        except UnicodeDecodeError as bad:
+            raise ValueError(f"not {declared} text, as its coding declaration says (byte {bad.start})") from bad
+
+
+def _declared_encoding(data: bytes) -> str | None:
+    """The encoding a PEP 263 declaration names, other than UTF-8 (None without one, or an unknown one)."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError:  # an unknown encoding, or a declaration that contradicts a BOM
+        return None
+    return None if encoding in ("utf-8", "utf-8-sig") else encoding
 
 
 def migrate_file(path: Path, target: Target = NEURON, spawn_scripts: set[str] | None = None,
@@ -128,12 +149,13 @@ def migrate_file(path: Path, target: Target = NEURON, spawn_scripts: set[str] | 
                          error="not a Python file, notebook or shell launcher (.py, .ipynb, .sh): nothing to migrate")
         return Migrated(rep)
     try:
-        code = _read(path)
+        code, encoding = _read(path, kind)
     except (OSError, ValueError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         return Migrated(FileReport(path=name, kind=kind, error=f"cannot read: {reason}"))
     bom = code.startswith("\ufeff")  # a UTF-8 byte-order mark: not Python, but kept on the way out
     m = migrate_source(code[1:] if bom else code, kind, target, name, spawn_scripts)
+    m.encoding = encoding
     if bom:
         m.source = "\ufeff" + (m.source or "")
         m.result = None if m.result is None else "\ufeff" + m.result
@@ -224,16 +246,20 @@ def migrate_paths(paths: Sequence[str | Path], out_dir: str | Path | None = None
                 else:
                     try:
                         dest.parent.mkdir(parents=True, exist_ok=True)
-                        dest.write_text(m.result)
+                        dest.write_text(m.result, encoding=m.encoding)
                         rep.output = str(dest)
                     except OSError as e:
                         rep.error = f"cannot write {dest}: {e.strerror}"
+                    except UnicodeEncodeError as e:
+                        rep.error = f"cannot write {dest} as {m.encoding}: {e.reason}"
             elif in_place and rep.changed:
                 try:
-                    path.write_text(m.result)
+                    path.write_text(m.result, encoding=m.encoding)
                     rep.output = str(path)
                 except OSError as e:
                     rep.error = f"cannot write {path}: {e.strerror}"
+                except UnicodeEncodeError as e:
+                    rep.error = f"cannot write {path} as {m.encoding}: {e.reason}"
         results.append(m)
     return results
 

@@ -139,3 +139,13 @@ STEP_CLOSURE = FlagRule(
     "of the loop body or a `continue`, whatever ran before it); it is now called here, at once, with the values "
     "its arguments have here.",
     "check that nothing it reads changes before the next mark_step, or move the call to where that mark_step was.")
+
+
+CLASS_SCOPE = FlagRule(
+    "class-scope", "The class body binds this name on one path only (in an `if`, a loop, a `try`): here it is "
+    "either the class's own or the import, and the rewrite cannot tell which.",
+    "bind it on every path (or rename the class attribute), then migrate again.")
+XLA_DEVICE_FSTRING = FlagRule(
+    "xla-device-string", "An XLA device name built at run time (`f\"xla:{i}\"`): each XLA process had its own "
+    "`xla:0`; the rewrite cannot tell which core a built index means.",
+    "torch.device('neuron', int(os.environ['LOCAL_RANK'])), the core of a torchrun worker.")

@@ -6,8 +6,8 @@ keeps one torch_xla semantic that has no one-line native form:
 
 - ``xm.optimizer_step`` / ``xm.reduce_gradients`` all-reduce and *average* the gradients over the world (XLA
   scales the sum by ``1 / world_size``), only when more than one process runs;
-- ``pl.MpDeviceLoader`` moves each batch (tensors inside lists, tuples and dicts) to the device and can be iterated
-  once per epoch;
+- ``pl.MpDeviceLoader`` moves each batch (tensors inside lists, tuples, dicts, sets and objects' attributes, as
+  XLA's ``for_each_instance_rewrite``) to the device and can be iterated once per epoch;
 - ``xm.save`` moves everything to the CPU and writes on the (local) master only (no barrier, as torch_xla 2.1+);
 - ``xm.rendezvous(tag)`` waits for every process and returns one ``b""`` per process;
 - ``xm.all_reduce`` returns a new tensor for a tensor (in place for a list) and applies ``scale``;
@@ -32,16 +32,24 @@ class Helper:
 
 
 _TO_DEVICE = '''
-def neuron_to_device(data, device):
-    """Move tensors (inside lists, tuples and dicts too) to `device` (torch-neuronx migrate)."""
+def neuron_to_device(data, device, _moved=None):
+    """Move tensors (inside lists, tuples, dicts, sets and other objects' attributes, as XLA's
+    for_each_instance_rewrite) to `device` (torch-neuronx migrate)."""
     if isinstance(data, torch.Tensor):
         return data.to(device)
     if isinstance(data, dict):
-        return type(data)((k, neuron_to_device(v, device)) for k, v in data.items())
+        return type(data)((k, neuron_to_device(v, device, _moved)) for k, v in data.items())
     if isinstance(data, tuple) and hasattr(data, "_fields"):  # a namedtuple
-        return type(data)(*(neuron_to_device(v, device) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(neuron_to_device(v, device) for v in data)
+        return type(data)(*(neuron_to_device(v, device, _moved) for v in data))
+    if isinstance(data, (list, tuple, set, frozenset)):
+        return type(data)(neuron_to_device(v, device, _moved) for v in data)
+    if hasattr(data, "__dict__") and not isinstance(data, type):  # a Transformers BatchEncoding: a copy, moved
+        _moved = {} if _moved is None else _moved
+        if id(data) not in _moved:
+            _moved[id(data)] = moved = copy.copy(data)
+            for key, value in vars(moved).items():
+                vars(moved)[key] = neuron_to_device(value, device, _moved)
+        return _moved[id(data)]
     return data
 '''
 
@@ -200,7 +208,7 @@ def neuron_master_print(*args, local=False, file=None):
 HELPERS: dict[str, Helper] = {
     h.name: h
     for h in (
-        Helper("neuron_to_device", _TO_DEVICE, ("torch",)),
+        Helper("neuron_to_device", _TO_DEVICE, ("copy", "torch")),
         Helper("NeuronDeviceLoader", _LOADER, (), ("neuron_to_device",)),
         Helper("neuron_average_gradients", _AVERAGE, ("torch",)),
         Helper("neuron_optimizer_step", _OPT_STEP, (), ("neuron_average_gradients",)),

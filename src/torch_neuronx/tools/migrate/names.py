@@ -129,8 +129,12 @@ class RefTracking:
         self._stmts: list[cst.CSTNode] = []
         self.import_lines: dict[str, int] = {}  # an import's code -> its line
         self._not_refs: set[int] = set()  # names that are not references: attributes' names, keywords
-        # per enclosing function or class (True): the imported names it binds locally
-        self._shadowed: list[tuple[bool, set[str]]] = []
+        # per enclosing scope: the imported names it binds locally (see `_Scope`); a scope opens at its body, as
+        # default values, decorators, annotations and a class's bases are evaluated outside it (rv32c items 6, 8)
+        self._shadowed: list[_Scope] = []
+        self._scope_at: dict[int, _Scope] = {}  # the id of a scope's body node -> the scope it opens
+        self._class_stmt: dict[int, _Scope] = {}  # a class body's statement -> its class's scope
+        self.ambiguous: set[int] = set()  # references a class body may or may not have re-bound: flagged
 
     def _line_of(self, node: cst.CSTNode) -> int:
         return self.get_metadata(PositionProvider, node).start.line  # type: ignore[attr-defined]
@@ -139,6 +143,7 @@ class RefTracking:
         """False: do not descend (an import, a name); None: carry on."""
         if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             self._stmts.append(node)
+        self._open_scopes(node)
         if isinstance(node, (cst.Import, cst.ImportFrom)):
             code = cst.Module(body=[]).code_for_node(node).strip()
             self.import_lines.setdefault(code, self._line_of(node))
@@ -149,34 +154,101 @@ class RefTracking:
             self._not_refs.add(id(node.keyword))
         elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             self._not_refs.add(id(node.name))
-        if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-            self._shadowed.append((isinstance(node, cst.ClassDef), local_names(node) & set(self.aliases.names)))
+        elif isinstance(node, cst.Param):  # `def step(xm=xm)`: the parameter's name is not the import
+            self._not_refs.add(id(node.name))
+        elif (isinstance(node, (cst.AssignTarget, cst.AnnAssign, cst.For, cst.AsName)) and self._shadowed
+              and self._shadowed[-1].is_class):  # a class body's `xm = Recorder()` binds, it does not read
+            target = node.name if isinstance(node, cst.AsName) else node.target
+            self._not_refs.update(id(n) for n in _target_name_nodes(target))
         if isinstance(node, (cst.Name, cst.Attribute)) and id(node) not in self._not_refs:
             root = _root_name(node)
-            if root is not None and self._is_shadowed(root):  # a local `xm`: not the import
+            shadowed = self._is_shadowed(root) if root is not None else None
+            if shadowed == "local":  # a local `xm`: not the import
                 return False if isinstance(node, cst.Name) else None
             qn = self.aliases.qualname(node)
             if in_family(qn) and self._stmts:
                 assert qn is not None
                 ref = Ref(node, qn, self._line_of(node), self._stmts[-1])
-                self.refs[id(node)] = ref
+                if shadowed == "maybe":  # no rule rewrites it: only flagged (by its statement)
+                    self.ambiguous.add(id(node))
+                else:
+                    self.refs[id(node)] = ref
                 self.refs_by_stmt.setdefault(id(ref.statement), []).append(ref)
                 return False
             if isinstance(node, cst.Name):
                 return False
         return None
 
-    def _is_shadowed(self, name: str) -> bool:
+    def _open_scopes(self, node: cst.CSTNode) -> None:
+        """Register the scopes `node` opens (at their bodies), and open the one whose body `node` is."""
+        names = set(self.aliases.names)
+        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
+            self._scope_at[id(node.body)] = _Scope(False, local_names(node) & names)
+        elif isinstance(node, cst.ClassDef):
+            # a class body binds statement by statement (its code runs once, top to bottom): a name is the
+            # class's own after a statement that binds it, the import before it (rv32c item 8)
+            scope = self._scope_at[id(node.body)] = _Scope(True, set())
+            for stmt in node.body.body:
+                self._class_stmt[id(stmt)] = scope
+        elif isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
+            # a comprehension is a function scope; its first iterable is evaluated outside it
+            comp = node.for_in
+            scope = _Scope(False, _comprehension_targets(comp) & names)
+            parts: list[cst.CSTNode] = [comp.target, *comp.ifs]
+            parts += [node.key, node.value] if isinstance(node, cst.DictComp) else [node.elt]
+            if comp.inner_for_in is not None:
+                parts.append(comp.inner_for_in)
+            for part in parts:
+                self._scope_at[id(part)] = scope
+        scope = self._scope_at.get(id(node))
+        if scope is not None:
+            self._shadowed.append(scope)
+
+    def _is_shadowed(self, name: str) -> str | None:
         """Python's scoping: an enclosing function's binding is seen by the functions nested in it; a class
-        body's binding only by the class body's own statements, not by its methods (rv32b item 12)."""
+        body's binding only by the class body's own statements, not by its methods nor its comprehensions (rv32b
+        item 12). "local": the name is the scope's own; "maybe": a class body bound it behind an `if` / a loop
+        (either may hold, flagged); None: the import."""
         last = len(self._shadowed) - 1
-        return any(name in names for i, (is_class, names) in enumerate(self._shadowed) if not is_class or i == last)
+        if any(name in scope.names for i, scope in enumerate(self._shadowed) if not scope.is_class or i == last):
+            return "local"
+        if last >= 0 and self._shadowed[last].is_class and name in self._shadowed[last].maybe:
+            return "maybe"
+        return None
 
     def track_leave(self, node: cst.CSTNode) -> None:
         if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             self._stmts.pop()
-        if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+        scope = self._scope_at.pop(id(node), None)
+        if scope is not None:
             self._shadowed.pop()
+        scope = self._class_stmt.pop(id(node), None)
+        if scope is not None:  # a class body's statement ran: the names it binds are the class's from here on
+            binder = _LocalBinder()
+            node.visit(binder)
+            bound = (binder.names - binder.declared_global) & set(self.aliases.names)
+            if isinstance(node, (cst.SimpleStatementLine, cst.FunctionDef, cst.ClassDef)):
+                scope.names |= bound
+            else:  # `if flag: xm = Recorder()`: bound on one path only
+                scope.maybe |= bound - scope.names
+
+
+@dataclass
+class _Scope:
+    """The imported names a function, lambda, comprehension or class body binds itself; `maybe`: those a class
+    body bound on one path only (in an `if`, a loop, a `try`)."""
+
+    is_class: bool
+    names: set[str]
+    maybe: set[str] = field(default_factory=set)
+
+
+def _comprehension_targets(comp: cst.CompFor) -> set[str]:
+    names: set[str] = set()
+    while comp is not None:
+        names |= _target_names(comp.target)
+        comp = comp.inner_for_in  # type: ignore[assignment]
+    return names
 
 
 def _root_name(node: cst.BaseExpression) -> str | None:
@@ -194,6 +266,17 @@ def _target_names(node: cst.CSTNode) -> set[str]:
     if isinstance(node, cst.StarredElement):
         return _target_names(node.value)
     return set()
+
+
+def _target_name_nodes(node: cst.CSTNode) -> list[cst.Name]:
+    """The Name nodes an assignment target binds (`a`, `a, (b, *c)`)."""
+    if isinstance(node, cst.Name):
+        return [node]
+    if isinstance(node, (cst.Tuple, cst.List)):
+        return [n for e in node.elements for n in _target_name_nodes(e.value)]
+    if isinstance(node, cst.StarredElement):
+        return _target_name_nodes(node.value)
+    return []
 
 
 def catches_import_error(handler: cst.ExceptHandler) -> bool:

@@ -3,6 +3,7 @@
 IPython lines (``!cmd``, ``%magic``) are set aside before parsing and put back after; ``!`` commands and
 ``%%bash`` / ``%%sh`` cells go through the shell launcher rules. Names imported in one cell are known in the
 next (cells run in order). The helpers a notebook needs are defined once, in the first code cell that uses one.
+A cell magic (``%%time``) stays its cell's first line; a ``%%writefile`` cell is migrated as the file it writes.
 A cell that does not parse is flagged and left as it was: the notebook is still migrated.
 """
 
@@ -34,6 +35,8 @@ from torch_neuronx.tools.migrate.shell import TODO, comment_block_above, migrate
 _MAGIC = re.compile(r"^(\s*)([!%].*)$")
 _MARK = "pass  # torch-neuronx-migrate-magic-{}"
 _SHELL_CELL = re.compile(r"^\s*%%(bash|sh|script\s+(ba)?sh)\b")
+_CELL_MAGIC_MARK = "# torch-neuronx-migrate-cell-magic"
+_WRITES_A_FILE = re.compile(r"%%(writefile|file)\b")
 
 
 @dataclass
@@ -98,6 +101,7 @@ def migrate_notebook(text: str, target: Target = NEURON, spawn_scripts: set[str]
     parsed: dict[int, tuple[cst.Module, dict[int, str]]] = {}
     trees: dict[int, ast.AST] = {}
     aliases = Aliases()
+    cell_magics: dict[int, str] = {}  # cell -> its `%%time` / `%%writefile x.py` line
     for i, cell in enumerate(nb["cells"]):
         if not isinstance(cell, dict) or cell.get("cell_type") != "code":
             continue
@@ -112,7 +116,12 @@ def migrate_notebook(text: str, target: Target = NEURON, spawn_scripts: set[str]
             continue
         magics: dict[int, str] = {}
         lines = src.splitlines(keepends=True)
+        if lines and lines[0].startswith("%%"):  # a cell magic: it must stay the cell's first line (rv32c item 9)
+            cell_magics[i] = lines[0]
+            lines[0] = _CELL_MAGIC_MARK + ("\n" if lines[0].endswith("\n") else "")
         for n, line in enumerate(lines):
+            if n == 0 and i in cell_magics:
+                continue
             m = _MAGIC.match(line.rstrip("\n"))
             if m:
                 magics[n] = line
@@ -128,18 +137,30 @@ def migrate_notebook(text: str, target: Target = NEURON, spawn_scripts: set[str]
             res.flags.append(Flag(line=line, rule="cell-syntax", reason=f"the cell does not parse: {msg}",
                                   suggestion="fix the cell, then migrate again; it was left as it was.", cell=i))
             continue
-        aliases.add_ast(tree)
+        if not _WRITES_A_FILE.match(cell_magics.get(i, "")):  # a %%writefile body is a file of its own
+            aliases.add_ast(tree)
         parsed[i] = (module, magics)
         trees[i] = tree
     # names that flagged code of any cell still uses: their imports stay in every cell (cells share one namespace)
+    own_files = {i for i in parsed if _WRITES_A_FILE.match(cell_magics.get(i, ""))}
     keep: set[str] = set()
     for i, (module, _) in parsed.items():
-        _, ctx = migrate_module(module, aliases, target, cell=i, with_helpers=False, tree=trees[i])
-        keep |= ctx.state.get("still_used", set())
+        if i not in own_files:
+            _, ctx = migrate_module(module, aliases, target, cell=i, with_helpers=False, tree=trees[i])
+            keep |= ctx.state.get("still_used", set())
     helper_names: set[str] = set()
     first_helper_cell = None
     migrated: dict[int, cst.Module] = {}
     for i, (module, _) in parsed.items():
+        if i in own_files:  # the file %%writefile writes: its own imports and helpers, inside it
+            own = Aliases()
+            own.add_ast(trees[i])
+            new, ctx = migrate_module(module, own, target, cell=i, tree=trees[i])
+            res.rewrites += ctx.rewrites
+            res.flags += ctx.flags
+            res.spawn = res.spawn or bool(ctx.state.get("spawn"))
+            migrated[i] = new
+            continue
         new, ctx = migrate_module(module, aliases, target, cell=i, with_helpers=False, tree=trees[i],
                                   keep_names=frozenset(keep))
         res.rewrites += ctx.rewrites
@@ -173,6 +194,11 @@ def migrate_notebook(text: str, target: Target = NEURON, spawn_scripts: set[str]
                 else:
                     out.append(line)
             code = "".join(out)
+        if i in cell_magics:  # back to the first line, above what the migration added
+            body = code.replace(_CELL_MAGIC_MARK + "\n", "", 1).replace(_CELL_MAGIC_MARK, "", 1)
+            if not body.strip() and _source(cell).partition("\n")[2].strip():  # IPython refuses an empty body
+                body = "pass\n"
+            code = cell_magics[i] + ("" if cell_magics[i].endswith("\n") or not body else "\n") + body
         if code != _source(cell):
             _set_source(cell, code)
     changed = any(_source(c) != _source(o) for c, o in zip(nb["cells"], original["cells"], strict=True))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import re
 import textwrap
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -94,6 +95,28 @@ def _tests_for_xla_prefix(call: cst.Call) -> bool:
     return False
 
 
+# `is_torch_xla_available()` (transformers.utils, accelerate.utils), `is_torch_tpu_available()` (older
+# transformers), `is_tpu_available()` (older accelerate): true only where torch_xla imports (rv32c item 7)
+_XLA_PROBES = {"is_torch_xla_available", "is_torch_tpu_available", "is_tpu_available"}
+_SPEC_PROBES = {"find_spec", "find_loader", "import_module"}
+
+
+def _probes_for_xla(call: cst.Call) -> bool:
+    """`importlib.util.find_spec("torch_xla")`, `is_torch_xla_available()`: a test for an installed torch_xla."""
+    name = dotted(call.func)
+    last = name.rsplit(".", 1)[-1] if name else None
+    if last in _XLA_PROBES:
+        return True
+    return last in _SPEC_PROBES and bool(call.args) and _names_xla(call.args[0].value)
+
+
+def _xla_device_fstring(node: cst.FormattedString) -> bool:
+    """`f"xla:{idx}"`: an XLA device built at run time (rv32c item 12)."""
+    first = node.parts[0] if node.parts else None
+    return (isinstance(first, cst.FormattedStringText) and re.fullmatch(r"xla(:\d*)?", first.value) is not None
+            and (len(node.parts) > 1))
+
+
 def _todo_lines(rule: flagmod.FlagRule) -> list[str]:
     text = f"{TODO} {rule.reason} Native: {rule.suggestion}"
     lines = textwrap.wrap(text, 110, subsequent_indent="#   ", break_on_hyphens=False)
@@ -150,6 +173,9 @@ class Migrator(RefTracking, cst.CSTTransformer):
 
     def visit_FormattedString(self, node: cst.FormattedString) -> bool:
         self._fstring_quotes.append(node.end)
+        if _xla_device_fstring(node):
+            self.ctx.flag(flagmod.XLA_DEVICE_FSTRING, self.ctx.code(node).strip())
+            self._collect_flags(self._line(node))
         return True
 
     def leave_FormattedString(self, original_node: cst.FormattedString,
@@ -223,7 +249,9 @@ class Migrator(RefTracking, cst.CSTTransformer):
             if id(ref.node) not in self.consumed:
                 self.leftovers.append(ref)
                 func = self.ctx.code(ref.node).strip()
-                if not any(code.startswith(f"{func}(") for code in explained):
+                if id(ref.node) in self.ambiguous:
+                    flags.append((flagmod.CLASS_SCOPE, ref.qualname, ref.line))
+                elif not any(code.startswith(f"{func}(") for code in explained):
                     flags.append((flagmod.for_qualname(ref.qualname), ref.qualname, ref.line))
         if not flags:
             return result
@@ -390,7 +418,7 @@ class Migrator(RefTracking, cst.CSTTransformer):
 
     # expression-level rules
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> Expr:
-        if _tests_for_xla_prefix(original_node):  # `str(x.device).startswith("xla")`: always False now
+        if _tests_for_xla_prefix(original_node) or _probes_for_xla(original_node):  # always False now
             self.ctx.flag(flagmod.XLA_TEST, self.ctx.code(original_node).strip())
             self._collect_flags(self._line(original_node))
         ref = self.refs.get(id(original_node.func))
@@ -425,12 +453,23 @@ class Migrator(RefTracking, cst.CSTTransformer):
 
     def _alone_on_its_line(self, call: cst.Call) -> bool:
         """`call` is the whole of a statement line of an indented block or the module (_defer_closures judges
-        it there)."""
+        it there), or only other closures and then a mark_step follow it on its line (`for i in r:
+        xm.add_step_closure(f); xm.mark_step()`, rv32c item 16)."""
         if len(self._parents) < 4 or self._parents[-1] is not call:
             return False
         expr, line, block = self._parents[-2], self._parents[-3], self._parents[-4]
-        return (isinstance(expr, cst.Expr) and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1
-                and isinstance(block, (cst.IndentedBlock, cst.Module)))
+        if not isinstance(expr, cst.Expr) or not isinstance(line, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            return False
+        if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+            return isinstance(block, (cst.IndentedBlock, cst.Module))
+        for small in line.body[list(line.body).index(expr) + 1:]:  # not visited yet: resolved from the imports
+            qualname = self.aliases.qualname(small.value.func) if (isinstance(small, cst.Expr)
+                                                                   and isinstance(small.value, cst.Call)) else None
+            if qualname not in (_STEP_CLOSURE, *_STEP_MARKERS):
+                return False
+            if qualname in _STEP_MARKERS:
+                return True
+        return False
 
     def _refs_within(self, node: cst.CSTNode) -> list[int]:
         found: list[int] = []
@@ -918,10 +957,14 @@ def _open_todos(module: cst.Module, ctx: Ctx, source: str | None = None) -> None
     text = source if source is not None else module.code
     if TODO not in text:
         return
-    raised = {_todo_lines(flagmod.FlagRule(f.rule, f.reason, f.suggestion))[0] for f in ctx.flags}
+    # counted: two lines with the same TODO (two `groups=` calls) need two flags raised again (rv32c item 13)
+    raised = Counter(_todo_lines(flagmod.FlagRule(f.rule, f.reason, f.suggestion))[0] for f in ctx.flags)
     for n, line in enumerate(text.splitlines(), 1):
         text = line.strip()
-        if text.startswith(TODO) and text not in raised and not text.startswith(f"{TODO} Import kept"):
+        if not text.startswith(TODO):
+            continue
+        raised[text] -= 1
+        if raised[text] < 0 and not text.startswith(f"{TODO} Import kept"):
             ctx.flags.append(Flag(line=n, rule="open-todo", reason=text[len(TODO):].strip(),
                                   suggestion="see the TODO comment", code=text, cell=ctx.cell))
 

@@ -246,6 +246,13 @@ def _plan_entry(ctx: Ctx, call: cst.Call, style: str, styled: bool, suffix: str 
             "torch.distributed.tensor.parallel."), ctx.code(call))
         return
     _plans(ctx).setdefault(cls, {})[target[len("self."):] + suffix] = style
+    for built, line in ctx.state.get("built_early", {}).items():  # built above this layer's class: no plan there
+        if built == cls or cls in _ancestors(ctx, built):
+            ctx.flag(flagmod.FlagRule(
+                "nxd-plan", f"{built} is built at line {line}, above the definition of {cls}'s layers: its plan is "
+                "not applied there.", f"where {built} is built: parallelize_module(model, mesh['tp'], "
+                f"{{'{target[5:]}': {style}, ...}}) from torch.distributed.tensor.parallel, or define {cls} above "
+                "it and migrate again."), ctx.code(call))
     where = ("is not instantiated in this file" if cls not in ctx.state.get("called", set()) else
              "is built inside an expression here" if cls in ctx.state.get("built_in_expression", set()) else "")
     if where:
@@ -350,17 +357,36 @@ def _innermost_class(node: cst.BaseExpression) -> str | None:
     return call.func.value if call is not None and isinstance(call.func, cst.Name) else None
 
 
+def _ancestors(ctx: Ctx, cls: str) -> set[str]:
+    """The classes of this file `cls` derives from, directly or not (by name)."""
+    bases: dict[str, set[str]] = ctx.state.get("bases", {})
+    found: set[str] = set()
+    todo = list(bases.get(cls, ()))
+    while todo:
+        name = todo.pop()
+        if name not in found and name != cls:
+            found.add(name)
+            todo += bases.get(name, ())
+    return found
+
+
 def _find_expression_builds(ctx: Ctx, module: cst.Module) -> None:
     """The classes called somewhere other than as `x = Cls(...)` (where the plan is applied after the statement):
     `Sequential(*[Block() for ...])`, `f(Block())`; their layers' plans are flagged, not silently dropped. Read
     from Python's parse tree (C speed), only in files that import NxD."""
     inside: set[str] = set()
     ctx.state["built_in_expression"] = inside
+    bases: dict[str, set[str]] = {}
+    ctx.state["bases"] = bases
     tree = ctx.state.get("tree")
     if not any(q.startswith(NXD) for q in ctx.aliases.names.values()):
         return
     if tree is None:
         tree = ast.parse(module.code)
+    for node in ast.walk(tree):  # the classes of the file and their bases' names (a subclass has their layers)
+        if isinstance(node, ast.ClassDef):
+            bases.setdefault(node.name, set()).update(b.id if isinstance(b, ast.Name) else b.attr
+                                                      for b in node.bases if isinstance(b, (ast.Name, ast.Attribute)))
     applied: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
@@ -393,7 +419,15 @@ def _apply_plan(ctx: Ctx, original: cst.SimpleStatementLine, updated: cst.Simple
         return []
     cls = _innermost_class(assign.value)
     plan = _plans(ctx).get(cls or "")
+    inherited = sorted(a for a in _ancestors(ctx, cls or "") if _plans(ctx).get(a))
+    if inherited:  # the plan holds the class's own layers: its bases' layers, built by super().__init__, are not
+        ctx.flag(flagmod.FlagRule(
+            "nxd-plan", f"{cls} inherits the tensor-parallel layers of {', '.join(inherited)}: their plan is not "
+            "applied here.", f"parallelize_module(model, mesh['tp'], {{...}}) with the paths of {cls}'s inherited "
+            "layers too (torch.distributed.tensor.parallel)."), ctx.code(assign))
     if not plan:
+        if cls in ctx.state.get("bases", {}):  # a class of this file whose layers come later in the text (rv32c 11)
+            ctx.state.setdefault("built_early", {}).setdefault(cls, ctx.line)
         return []
     target = ctx.code(assign.targets[0].target).strip()
     for mod, obj in _PLAN_IMPORTS:

@@ -14,6 +14,8 @@ before ``init_process_group``, as XLA's did.
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
 from torch_neuronx.tools.migrate import flags as flagmod
@@ -122,8 +124,9 @@ def _step_closure(ctx: Ctx, call: cst.Call, qn: str) -> Expr | None:
     fn = parenthesised(fn)  # `(lambda: ...)()`, `(f if m else g)(...)`: the callee, not part of it
     if args is None:
         return cst.Call(func=fn)
-    if isinstance(args, cst.Tuple):
-        return cst.Call(func=fn, args=[cst.Arg(e.value) for e in args.elements if isinstance(e, cst.Element)])
+    if isinstance(args, cst.Tuple):  # `args=(*xs, 3)`: the starred element stays unpacked (rv32c item 2)
+        return cst.Call(func=fn, args=[cst.Arg(e.value, star="*" if isinstance(e, cst.StarredElement) else "")
+                                       for e in args.elements])
     return cst.Call(func=fn, args=[cst.Arg(args, star="*")])
 
 
@@ -143,8 +146,17 @@ for _qn in (f"{XM}.get_local_ordinal", f"{XR}.local_ordinal"):
 for _qn in (f"{XM}.xrt_world_size", f"{XM}.world_size", f"{XR}.world_size", f"{XR}.global_runtime_device_count",
             f"{XR}.global_device_count"):
     RULES.calls[_qn] = _ordinal("WORLD_SIZE", "1")  # type: ignore[assignment]
-for _qn in (f"{XR}.local_process_count", f"{XR}.local_device_count", f"{XR}.addressable_device_count"):
+for _qn in (f"{XR}.local_process_count", f"{XR}.local_device_count"):
     RULES.calls[_qn] = _ordinal("LOCAL_WORLD_SIZE", "1")  # type: ignore[assignment]
+
+
+def _addressable(ctx: Ctx, call: cst.Call, qn: str) -> Expr:
+    """runtime.addressable_device_count(): "the number of devices visible to this process" (pytorch/xla
+    torch_xla/runtime.py); a torchrun worker drives its one core, as each xmp.spawn process did (rv32c item 4)."""
+    return ctx.expr("1")
+
+
+RULES.calls[f"{XR}.addressable_device_count"] = _addressable
 
 
 def _is_master(ctx: Ctx, call: cst.Call, qn: str) -> Expr:
@@ -199,6 +211,14 @@ def _calls_in(node: cst.CSTNode) -> bool:
 
         def visit_Lambda(self, n: cst.Lambda) -> bool:
             return False
+
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            # a comprehension iterates (and may exhaust) an iterator, `await` / `yield` run code: on every rank
+            # in XLA too (rv32c item 5)
+            if isinstance(n, (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.Await, cst.Yield)):
+                found.append(True)
+                return False
+            return super().on_visit(n)
 
     node.visit(_V())
     return bool(found)
@@ -402,22 +422,22 @@ def _spawn_stmt(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt] | None:
     if fn is None:
         return None
     args = arg(call, 1, "args")
-    nprocs = arg(call, 2, "nprocs")
     # xmp.spawn passes the global ordinal (torch_xla/_internal/pjrt.py); torch_xla.launch under torchrun calls
     # fn(LOCAL_RANK, *args) (pytorch/xla torch_xla/torch_xla.py, `launch`)
     index = _env_int(ctx, "LOCAL_RANK", "0") if qn == "torch_xla.launch" else _env_int(ctx, "RANK", "0")
     call_args = [index]
-    if isinstance(args, cst.Tuple):
-        call_args += [ctx.code(e.value) for e in args.elements]
+    if isinstance(args, cst.Tuple):  # XLA calls fn(ordinal, *args): `args=(*extra,)` stays unpacked (rv32c item 3)
+        call_args += [f"{'*' if isinstance(e, cst.StarredElement) else ''}{ctx.code(e.value)}" for e in args.elements]
     elif args is not None:
         call_args.append(f"*{ctx.code(args)}")
-    n = ctx.code(nprocs) if nprocs is not None and ctx.code(nprocs) != "None" else "<cores>"
-    ctx.warn(f"launch the script with `torchrun --nproc-per-node {n}` (xmp.spawn started one process per core)")
+    ctx.warn(f"launch the script with `torchrun --nproc-per-node {_process_count(ctx, call, qn)}`")
     ctx.need("os")
     ctx.state["spawn"] = True
     call_fn = ctx.stmt(f"{ctx.code(fn)}({', '.join(call_args)})\n")
-    if "init_process_group" in ctx.state["called"]:  # the script starts its own process group (spawned function)
-        return [call_fn]
+    if isinstance(fn, cst.Name) and fn.value in ctx.state.get("own_group_fns", set()):
+        return [call_fn]  # the launched function starts its own process group, first thing, on every path
+    if "init_process_group" in ctx.state["called"] and ctx.line not in ctx.state.get("no_torchrun_lines", set()):
+        ctx.flag(OWN_GROUP, ctx.code(call))  # started somewhere else, maybe on one path only (rv32c item 1)
     ctx.need("torch")
     return [
         # a second launch in the same script reuses the group (rv32b item 8: init twice raised)
@@ -425,6 +445,70 @@ def _spawn_stmt(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt] | None:
                  f'    torch.distributed.init_process_group("{ctx.target.backend}")\n'),
         call_fn,
     ]
+
+
+OWN_GROUP = flagmod.FlagRule(
+    "xla-spawn-group", "The script also starts a process group itself, not as the first statement of the launched "
+    "function: torchrun's group is started before the launch when none exists (XLA averaged gradients without "
+    "one), so a later init_process_group raises, initialised twice.",
+    "guard the script's own init_process_group with `if not torch.distributed.is_initialized():`, or remove it.")
+
+
+def _process_count(ctx: Ctx, call: cst.Call, qn: str) -> str:
+    """How many processes XLA started: spawn(fn, args, nprocs) (None: one per core); launch(fn, args,
+    start_method, debug_single_process): one with debug_single_process=True (pytorch/xla torch_xla/torch_xla.py),
+    else one per core (rv32c item 14)."""
+    if qn != "torch_xla.launch":
+        nprocs = arg(call, 2, "nprocs")
+        return ctx.code(nprocs) if nprocs is not None and ctx.code(nprocs) != "None" else "<cores> (one per core)"
+    single = arg(call, 3, "debug_single_process")
+    if single is None or is_literal(single, False):
+        return "<cores> (one per core)"
+    if is_literal(single, True):
+        return "1 (debug_single_process ran one process)"
+    return f"1 if {ctx.code(single)} else <cores>"
+
+
+def _torchrun_test(test: ast.expr) -> bool:
+    """`os.environ.get("WORLD_SIZE")`, `"WORLD_SIZE" in os.environ`, `dist.is_torchelastic_launched()`: true under
+    torchrun (AWS's samples: `if os.environ.get("WORLD_SIZE"): init_process_group(...) ... else: xmp.spawn(...)`)."""
+    if isinstance(test, ast.Compare):  # `"WORLD_SIZE" in os.environ` only (not `... is None`, `not in`)
+        return (len(test.ops) == 1 and isinstance(test.ops[0], ast.In) and isinstance(test.left, ast.Constant)
+                and test.left.value == "WORLD_SIZE")
+    if not isinstance(test, ast.Call) or not isinstance(test.func, ast.Attribute | ast.Name):
+        return False
+    name = test.func.attr if isinstance(test.func, ast.Attribute) else test.func.id
+    if name == "is_torchelastic_launched":
+        return True
+    first = test.args[0] if test.args else None  # os.environ.get("WORLD_SIZE"), os.getenv("WORLD_SIZE")
+    return name in ("get", "getenv") and isinstance(first, ast.Constant) and first.value == "WORLD_SIZE"
+
+
+def _own_group_fns(ctx: Ctx, module: cst.Module) -> None:
+    """The functions whose body starts a process group as one of its own statements (not behind an `if`):
+    launched, they need no group from the rewrite. And the lines of the `else` of a test for torchrun: a launch
+    there runs without torchrun, where the rewrite adds no group (its guard needs WORLD_SIZE), so a process group
+    the script starts elsewhere cannot meet it."""
+    own: set[str] = set()
+    ctx.state["own_group_fns"] = own
+    no_torchrun: set[int] = set()
+    ctx.state["no_torchrun_lines"] = no_torchrun
+    if "init_process_group" not in ctx.state["called"]:
+        return
+    tree = ctx.state.get("tree") or ast.parse(module.code)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _torchrun_test(node.test):
+            no_torchrun.update(n.lineno for stmt in node.orelse for n in ast.walk(stmt) if isinstance(n, ast.stmt))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for stmt in node.body:
+                call = stmt.value if isinstance(stmt, ast.Expr) else None
+                name = call.func if isinstance(call, ast.Call) else None
+                if (isinstance(name, ast.Attribute) and name.attr == "init_process_group") or (
+                        isinstance(name, ast.Name) and name.id == "init_process_group"):
+                    own.add(node.name)
+
+
+RULES.prepare.append(_own_group_fns)
 
 
 for _qn in (f"{XMP}.spawn", "torch_xla.launch"):
