@@ -45,6 +45,7 @@ class Block(torch.nn.Module):
 def tiny_llama() -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    # one decoder layer: a second one repeats the same ops and doubles the graph to compile (suite budget)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
                          num_key_value_heads=4, vocab_size=256, max_position_embeddings=128)
     return LlamaForCausalLM(config)

@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -58,9 +59,20 @@ def _result(proc: subprocess.Popen[str]) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_disk_cache_across_processes_and_corruption(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def cold_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], Path, Path]:
+    """Two processes compile the same model at once into an empty cache: their results, the folder of the cache
+    they filled (the disk test then damages it), and an untouched copy of that cache (the read-only test's)."""
+    root = tmp_path_factory.mktemp("cold")
+    cold = [_result(p) for p in [_start(root), _start(root)]]
+    prewarmed = tmp_path_factory.mktemp("prewarmed")
+    shutil.copytree(root / "neff", prewarmed / "neff", symlinks=True)
+    return cold, root, prewarmed
+
+
+def test_disk_cache_across_processes_and_corruption(cold_pair: tuple[list[dict], Path, Path]) -> None:
     # Two processes compile the same model at once into an empty cache: both succeed.
-    cold = [_result(p) for p in [_start(tmp_path), _start(tmp_path)]]
+    cold, tmp_path, _ = cold_pair
     assert all(r["ok"] for r in cold)
     assert all(r["cache"]["disk_hits"] + r["cache"]["disk_misses"] == 1 for r in cold)
 
@@ -279,12 +291,13 @@ def _read_only_mount(source: Path, target: Path) -> bool:
     return True
 
 
-def test_read_only_cache_serves_hits_and_writes_nothing(tmp_path: Path) -> None:
+def test_read_only_cache_serves_hits_and_writes_nothing(cold_pair: tuple[list[dict], Path, Path],
+                                                         tmp_path: Path) -> None:
     """A pre-warmed cache on a read-only file system: hits come from it, a miss compiles privately."""
-    warm = _result(_start(tmp_path))  # fills tmp_path/neff
-    assert warm["ok"]
+    cold, _, prewarmed = cold_pair  # the cache as the two cold processes filled it
+    assert all(r["ok"] for r in cold)
     mounted = tmp_path / "ro"
-    if not _read_only_mount(tmp_path / "neff", mounted):
+    if not _read_only_mount(prewarmed / "neff", mounted):
         pytest.skip("making a read-only bind mount needs root (CAP_SYS_ADMIN)")
     try:
         files = sorted(str(p) for p in mounted.rglob("*"))

@@ -77,8 +77,9 @@ def sequence_parallel_recompute_plan(tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="module")
 def tensor_parallel_recompute_plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
-    settings = {**SETTINGS, "checkpointing": "full"}
-    return plan(tiny_mistral(), layouts=[(4, 1, 1)], measure=1, workdir=tmp_path_factory.mktemp("tp_full"),
+    # TP 2 on trn1.2xlarge's two cores: what is measured (recomputation under TP) needs no more ranks
+    settings = {**SETTINGS, "instance": "trn1.2xlarge", "checkpointing": "full"}
+    return plan(tiny_mistral(), layouts=[(2, 1, 1)], measure=1, workdir=tmp_path_factory.mktemp("tp_full"),
                 **settings)
 
 
@@ -252,3 +253,34 @@ def test_a_hung_rank_is_reported_with_where_its_threads_waited(tmp_path: Path) -
     assert any('hang.py", line 7 in main <- ' in t for t in threads), summary
     assert any('hang.py", line 3 in waiter' in t for t in threads), summary
     assert hung_stacks("a log without a dump\n") == ""
+
+
+def test_layouts_of_one_world_share_a_launch_and_a_failure_names_its_layout(monkeypatch: pytest.MonkeyPatch,
+                                                                            tmp_path: Path) -> None:
+    # the ranks of one launch measure FSDP 4, then TP 2 x FSDP 2; rank 2 fails in the second: the line names that
+    # layout (and the rank), not the first, which every rank finished
+    import json
+
+    from torch_neuronx.testing import workers
+    from torch_neuronx.tools.plan.measure import MeasureFailed
+
+    launches = []
+
+    def second_layout_fails(cmds: list[tuple[list[str], dict[str, str]]], workdir: Path, timeout: float,
+                            **kwargs: object) -> list[workers.Proc]:
+        launches.append((len(cmds), timeout))
+        first = json.loads(Path(cmds[0][0][-1]).read_text())[0]
+        for r in range(len(cmds)):
+            (Path(first["out"]) / f"rank{r}.json").write_text("{}")
+        ranks = [workers.Proc(-15, "", "", 2.5, False, stopped=True) for _ in cmds]
+        ranks[2] = workers.Proc(1, "", "Traceback ...\nRuntimeError: out of memory in layout two\n", 2.0, False)
+        return ranks
+
+    monkeypatch.setattr(workers, "run_processes", second_layout_fails)
+    with pytest.raises(MeasureFailed) as failed:
+        plan(tiny_llama(), layouts=[(1, 4, 1), (2, 2, 1)], measure=2, workdir=tmp_path, **SETTINGS)
+    assert launches == [(4, 600.0)]  # one launch of 4 ranks, with each layout's deadline
+    line = str(failed.value)
+    assert line.startswith("--measure of layout TP=2 x FSDP=2 x DP=1 failed: rank 2 exited 1 "
+                           "(RuntimeError: out of memory in layout two); its log: "), line
+    Path(line.rsplit("its log: ", 1)[1]).unlink()

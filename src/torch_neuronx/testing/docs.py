@@ -10,7 +10,10 @@ the fixtures that provide them, and how to run it::
     <!-- doctest: parse-only torch_xla -->  only parsed: code for another stack (the reason follows)
 
 A block without a comment runs as it is. Each block runs in a fresh process
-in an empty folder (tests/test_docs.py); a failure names the file and line.
+in an empty folder (tests/test_docs.py); a failure names the file and line. A
+block and the ``continue`` blocks after it run in one process (one launch),
+which prints a line after each block's code: each block's test reads whether
+its line came.
 """
 
 from __future__ import annotations
@@ -86,7 +89,8 @@ compiled = torch.compile(Model().to("neuron"), backend="neuron")
     "hf": '''
 import os, torch, torch_neuronx
 from torch_neuronx.testing.hf import save_checkpoint
-path = str(save_checkpoint(f"tiny-llama-{os.environ.get('RANK', '0')}"))  # one per rank under torchrun
+# one decoder layer: what the samples show (loading, generate, SFT) does not depend on the depth
+path = str(save_checkpoint(f"tiny-llama-{os.environ.get('RANK', '0')}", layers=1))  # one per rank under torchrun
 from transformers import AutoTokenizer
 tokenizer = AutoTokenizer.from_pretrained(path)
 inputs = tokenizer(["the cat sat on"], return_tensors="pt")
@@ -147,9 +151,41 @@ def program(block: Block, previous: list[Block]) -> str:
     return "\n".join(parts + [block.code])
 
 
-def run(block: Block, previous: list[Block], workdir: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """Run one block (under torchrun when it asks) in `workdir`; raises for a parse-only block that does not parse."""
-    source = program(block, previous)
+def chain(block: Block, following: list[Block]) -> list[Block]:
+    """`block` and the blocks after it in its file that continue it (``continue``), in order."""
+    blocks = [block]
+    for b in following:
+        if b.path != block.path or "continue" not in b.marks or "parse-only" in b.marks + block.marks \
+                or (b.option("torchrun"), b.option("env")) != (block.option("torchrun"), block.option("env")):
+            break
+        blocks.append(b)
+    return blocks
+
+
+def done_marker(block: Block) -> str:
+    """The line a chain's program prints once `block`'s code has run (see :func:`chain_program`)."""
+    return f"<doctest {block.name} done>"
+
+
+def chain_program(blocks: list[Block]) -> str:
+    """One program for a chain (:func:`chain`): the first block's fixtures, then each block's code followed by a
+    line naming it, so one process (one launch) runs what a process per block would, in the same order."""
+    parts = [FIXTURES[w] for w in blocks[0].marks if w in FIXTURES]
+    for b in blocks:
+        parts += [b.code, f"print({done_marker(b)!r}, flush=True)\n"]
+    return "\n".join(parts)
+
+
+def ran(block: Block, result: subprocess.CompletedProcess[str]) -> bool:
+    """Whether `block`'s code ran to its end in a chain's run: its line printed by every process."""
+    return result.stdout.count(done_marker(block)) >= int(block.option("torchrun") or 1)
+
+
+def run(block: Block, previous: list[Block], workdir: Path, timeout: float = 600,
+        source: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run one block (under torchrun when it asks) in `workdir`; raises for a parse-only block that does not parse.
+    `source`: run this program in place of the block's own (a chain's, :func:`chain_program`)."""
+    source = program(block, previous) if source is None else source
     if "parse-only" in block.marks:
         compile(source, block.name, "exec")
         return subprocess.CompletedProcess([], 0, "", "")

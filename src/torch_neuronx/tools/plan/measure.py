@@ -2,7 +2,8 @@
 
 The analytic planner is only worth trusting where it agrees with a real run.
 For a small configuration this module saves a random-weight checkpoint of the
-model, starts one process per core (as torchrun would), and in each rank loads
+model, starts one process per core (as torchrun would; consecutive layouts of
+the same world size run one after another in one launch), and in each rank loads
 it sharded the way Transformers does it (``from_pretrained(distributed_config=
 DistributedConfig(tp_size, fsdp_size, dp_replicate_size))``: the model's own
 ``tp_plan`` and FSDP2 ``fully_shard`` over a DeviceMesh), runs a warm-up step,
@@ -59,8 +60,6 @@ def measure_layouts(config: Any, layouts: list[Layout], *, micro_batch: int, seq
     With `hbm_per_core` the emulated cores have that capacity: a layout that does not fit fails with the device's
     out-of-memory error, as it would on the instance.
     """
-    from torch_neuronx.testing.workers import agent_store, rank_env, run_processes
-
     if checkpointing == "selective":
         raise ValueError("--measure runs 'none' or 'full' activation checkpointing; Transformers has no selective "
                          "recomputation to run: plan 'selective' analytically, without --measure")
@@ -78,7 +77,7 @@ def measure_layouts(config: Any, layouts: list[Layout], *, micro_batch: int, seq
                                    sequence_parallel=sequence_parallel, global_batch=global_batch, _temporary=True)
     work = Path(workdir)
     ckpt = save_checkpoint(config, work / "checkpoint")
-    results = []
+    specs = []
     for layout in layouts:
         z = zero1 and layout.dp > 1  # ZeRO-1 shards over DP: without DP it is the plain layout
         sp = sequence_parallel and layout.tp > 1  # likewise sequence parallelism over TP
@@ -86,33 +85,64 @@ def measure_layouts(config: Any, layouts: list[Layout], *, micro_batch: int, seq
         suffix = ("_zero1" if z else "") + ("_sp" if sp else "")
         out = work / f"tp{layout.tp}_pp{layout.pp}_fsdp{layout.fsdp}_dp{layout.dp}{suffix}"
         out.mkdir(parents=True, exist_ok=True)
-        args = [sys.executable, "-m", "torch_neuronx.tools.plan.measure", str(ckpt), str(out),
-                str(layout.tp), str(layout.fsdp), str(layout.dp), str(micro_batch), str(seq_len), precision,
-                checkpointing, str(layout.pp), str(int(z)), str(micro_steps), str(int(sp))]
-        env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "TORCH_NEURONX_INSTANCE_TYPE": instance,
-               "NEURON_LOGICAL_NC_CONFIG": str(lnc), _STACKS_AFTER: str(WORKER_TIMEOUT_S - STACKS_BEFORE_DEADLINE_S)}
-        if hbm_per_core:
-            env["TORCH_NEURONX_HBM_PER_CORE"] = str(hbm_per_core)
-        if _temporary:  # a SIGKILL of this process runs no cleanup: the workers' guardians remove the folder then
-            env[processes.REMOVE_ON_STARTER_EXIT] = str(work)
-        # a rank that fails ends its peers (they would wait for it in a collective)
-        with processes.guarded(), agent_store() as port:
-            cmds = [(args, {**rank_env(r, layout.world, port, agent_store=True), **env}) for r in range(layout.world)]
-            procs = run_processes(cmds, out, WORKER_TIMEOUT_S, fail_fast=True)
-        if any(p.rc != 0 for p in procs):
-            raise MeasureFailed(_failure(layout, procs))
-        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(layout.world)]
-        results.append({"tp": layout.tp, "fsdp": layout.fsdp, "dp": layout.dp, "pp": layout.pp, "zero1": z,
-                        "sequence_parallel": sp,
-                        "micro_steps": micro_steps, "per_step": True, "ranks": ranks})
+        specs.append({"out": str(out), "tp": layout.tp, "fsdp": layout.fsdp, "dp": layout.dp, "pp": layout.pp,
+                      "micro_batch": micro_batch, "seq_len": seq_len, "precision": precision,
+                      "checkpointing": checkpointing, "zero1": int(z), "micro_steps": micro_steps, "sp": int(sp)})
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "TORCH_NEURONX_INSTANCE_TYPE": instance,
+           "NEURON_LOGICAL_NC_CONFIG": str(lnc)}
+    if hbm_per_core:
+        env["TORCH_NEURONX_HBM_PER_CORE"] = str(hbm_per_core)
+    if _temporary:  # a SIGKILL of this process runs no cleanup: the workers' guardians remove the folder then
+        env[processes.REMOVE_ON_STARTER_EXIT] = str(work)
+    for start, stop in _launches(layouts):
+        _launch(ckpt, work / f"launch{start}", layouts[start:stop], specs[start:stop], env)
+    results = []
+    for layout, spec in zip(layouts, specs, strict=True):
+        ranks = [json.loads((Path(spec["out"]) / f"rank{r}.json").read_text()) for r in range(layout.world)]
+        results.append({"tp": layout.tp, "fsdp": layout.fsdp, "dp": layout.dp, "pp": layout.pp,
+                        "zero1": bool(spec["zero1"]), "sequence_parallel": bool(spec["sp"]),
+                        "micro_steps": spec["micro_steps"], "per_step": True, "ranks": ranks})
     return results
+
+
+def _launches(layouts: list[Layout]) -> list[tuple[int, int]]:
+    """The layouts in runs of one launch each: consecutive layouts of the same world size share their processes
+    (a rank's start, mostly importing torch and Transformers, costs more than a tiny model's step)."""
+    bounds = [i for i in range(1, len(layouts)) if layouts[i].world != layouts[i - 1].world]
+    return list(zip([0, *bounds], [*bounds, len(layouts)], strict=True))
+
+
+def _launch(ckpt: Path, folder: Path, layouts: list[Layout], specs: list[dict[str, Any]],
+            env: dict[str, str]) -> None:
+    """One process per core, each measuring `layouts` one after another (each rank writes its rank{r}.json into
+    each layout's folder as that layout ends); a failure raises MeasureFailed naming the layout it happened in."""
+    from torch_neuronx.runtime import processes
+    from torch_neuronx.testing.workers import agent_store, rank_env, run_processes
+
+    folder.mkdir(parents=True, exist_ok=True)
+    spec_file = folder / "layouts.json"
+    spec_file.write_text(json.dumps(specs, indent=1))
+    timeout = WORKER_TIMEOUT_S * len(layouts)  # each layout has the deadline one alone had
+    args = [sys.executable, "-m", "torch_neuronx.tools.plan.measure", str(ckpt), str(spec_file)]
+    env = {**env, _STACKS_AFTER: str(timeout - STACKS_BEFORE_DEADLINE_S)}
+    world = layouts[0].world
+    # a rank that fails ends its peers (they would wait for it in a collective)
+    with processes.guarded(), agent_store() as port:
+        cmds = [(args, {**rank_env(r, world, port, agent_store=True), **env}) for r in range(world)]
+        procs = run_processes(cmds, folder, timeout, fail_fast=True)
+    if any(p.rc != 0 for p in procs):
+        # the layout that failed: the first one some rank did not finish
+        failed = next((lay for lay, spec in zip(layouts, specs, strict=True)
+                       if not all((Path(spec["out"]) / f"rank{r}.json").exists() for r in range(world))),
+                      layouts[-1])
+        raise MeasureFailed(_failure(failed, procs, timeout))
 
 
 class MeasureFailed(PlanError):
     """A rank of a --measure run failed: the message names it, its last error line and where its log was kept."""
 
 
-def _failure(layout: Layout, procs: list[Any]) -> str:
+def _failure(layout: Layout, procs: list[Any], timeout: float = WORKER_TIMEOUT_S) -> str:
     """One line about the rank that failed first (the others were stopped because of it); its whole log is copied
     out of the run's folder, which is removed, into a file the message names."""
     # the rank that ended on its own with an error, the earliest; the ranks stopped because of it only when none
@@ -126,7 +156,7 @@ def _failure(layout: Layout, procs: list[Any]) -> str:
         f.write(proc.log())
     if proc.timed_out:
         stacks = hung_stacks(proc.err)
-        return (f"--measure of layout {layout} failed: rank {rank} timed out after {WORKER_TIMEOUT_S:.0f} s"
+        return (f"--measure of layout {layout} failed: rank {rank} timed out after {timeout:.0f} s"
                 f"{'; where its threads were: ' + stacks if stacks else ''}; its log: {log}")
     return (f"--measure of layout {layout} failed: rank {rank} exited {proc.rc}"
             f"{' (' + last[:200] + ')' if last else ''}; its log: {log}")
@@ -274,6 +304,34 @@ def _stage_module(model: Any, stage: int, stages: int) -> Any:
 
 
 def _worker(argv: list[str]) -> None:
+    """One rank: measure each layout of the launch's spec file in turn, in one process group."""
+    import os
+
+    import torch.distributed as dist
+
+    ckpt, specs = Path(argv[0]), json.loads(Path(argv[1]).read_text())
+    if os.environ.get(_STACKS_AFTER):  # a hang is then reported with where every thread waited
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ[_STACKS_AFTER]), exit=False)
+    dist.init_process_group("neuron")
+    import torch
+
+    idle = torch.neuron.memory_allocated(torch.neuron.current_device())  # what a fresh rank holds before a layout
+    for spec in specs:
+        _measure_one(ckpt, spec, idle)
+    dist.destroy_process_group()
+    if os.environ.get(_STACKS_AFTER):
+        import faulthandler
+
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _measure_one(ckpt: Path, spec: dict[str, Any], idle: int) -> None:
+    """Warm-up and measured step of one layout; its rank{r}.json, then everything it made is released: the next
+    layout starts from the device as a fresh rank had it (`idle` bytes allocated: checked) and counts only the
+    default group and the groups it makes."""
+    import gc
     import os
     import time
 
@@ -282,28 +340,29 @@ def _worker(argv: list[str]) -> None:
 
     import torch_neuronx.distributed as nd
 
-    ckpt, out = Path(argv[0]), Path(argv[1])
-    tp, fsdp, dp, micro_batch, seq_len = (int(a) for a in argv[2:7])
-    precision, checkpointing = argv[7], argv[8]
-    pp, zero1, micro_steps, sp = (int(a) for a in argv[9:13])
+    out = Path(spec["out"])
+    tp, fsdp, dp, pp = spec["tp"], spec["fsdp"], spec["dp"], spec["pp"]
+    micro_batch, seq_len, micro_steps = spec["micro_batch"], spec["seq_len"], spec["micro_steps"]
+    precision, checkpointing = spec["precision"], spec["checkpointing"]
     torch.set_num_threads(1)
-    if os.environ.get(_STACKS_AFTER):  # a hang is then reported with where every thread waited
-        import faulthandler
-
-        faulthandler.dump_traceback_later(float(os.environ[_STACKS_AFTER]), exit=False)
-    dist.init_process_group("neuron")
     rank = dist.get_rank()
     device = torch.device("neuron", torch.neuron.current_device())
+    if torch.neuron.memory_allocated(device) != idle:
+        raise RuntimeError(f"--measure: {torch.neuron.memory_allocated(device) - idle} bytes still allocated on "
+                           f"{device} from the layout before: its peak would count them")
+    torch.neuron.reset_peak_memory_stats(device)
+    default = dist.group.WORLD
+    earlier = {pg for pg in dist.distributed_c10d._world.pg_group_ranks if pg is not default}
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     data_rank = rank // tp if pp == 1 else 0  # the same rows on every rank of a tp group (a pipeline: one input)
     g = torch.Generator().manual_seed(data_rank)
     if pp > 1:
         step, vocab = _pipeline_step(ckpt, pp, rank, device, dtype, micro_steps)
-    elif sp:
+    elif spec["sp"]:
         step, vocab = _sequence_parallel_step(ckpt, tp, fsdp, dp, precision, checkpointing, device, dtype,
                                               micro_batch)
     else:
-        step, vocab = _plain_step(ckpt, tp, fsdp, dp, precision, checkpointing, device, dtype, bool(zero1),
+        step, vocab = _plain_step(ckpt, tp, fsdp, dp, precision, checkpointing, device, dtype, bool(spec["zero1"]),
                                   micro_batch)
     rows = micro_batch * micro_steps
     batches = [torch.randint(4, vocab, (rows, seq_len), generator=g).to(device) for _ in range(2)]
@@ -311,7 +370,7 @@ def _worker(argv: list[str]) -> None:
     warm_loss = step(batches[0])  # warm-up: creates the optimizer state (and a pipeline's shapes)
     torch.neuron.synchronize()
     groups = [pg for pg in dist.distributed_c10d._world.pg_group_ranks
-              if isinstance(pg, dist.ProcessGroup) and pg.size() > 1]
+              if isinstance(pg, dist.ProcessGroup) and pg.size() > 1 and pg not in earlier]
     for pg in groups:
         nd.reset_comm_stats(pg)
     torch.neuron.reset_peak_memory_stats(device)
@@ -324,7 +383,8 @@ def _worker(argv: list[str]) -> None:
     torch.neuron.synchronize()
     seconds = time.perf_counter() - t0
     if snapshot and rank == 0:
-        torch.neuron.memory._dump_snapshot(snapshot)
+        torch.neuron.memory._dump_snapshot(snapshot)  # the launch's last layout's, when it runs several
+        torch.neuron.memory._record_memory_history(enabled=None)
     stats = torch.neuron.memory_stats(device)
     comm = []
     for pg in groups:
@@ -335,12 +395,11 @@ def _worker(argv: list[str]) -> None:
               "after_load_allocated": after_load, "step_start_allocated": before,
               "peak_allocated": torch.neuron.max_memory_allocated(device),
               "peak_reserved": stats.get("reserved_bytes.all.peak", 0), "comm": comm}
+    dist.barrier()  # no rank frees (or starts the next layout) while a peer still runs this one's collectives
+    del step, batches, groups
+    gc.collect()
+    torch.neuron.empty_cache()
     (out / f"rank{rank}.json").write_text(json.dumps(record, indent=1))
-    dist.destroy_process_group()
-    if os.environ.get(_STACKS_AFTER):
-        import faulthandler
-
-        faulthandler.cancel_dump_traceback_later()
 
 
 def _plain_step(ckpt: Path, tp: int, fsdp: int, dp: int, precision: str, checkpointing: str, device: Any,
