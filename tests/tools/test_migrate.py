@@ -93,7 +93,7 @@ CASES = {
                                ['if int(os.environ.get("RANK", "0")) == 0:\n    print(\'x\', file=f, flush=True)']),
     "rendezvous": ("import torch_xla.core.xla_model as xm\nxm.rendezvous('init')\n",
                    ["neuron_rendezvous()",
-                    "if torch.distributed.is_available() and torch.distributed.is_initialized()"]),
+                    "if neuron_init_group():\n        torch.distributed.barrier()"]),
     "init_process_group xla": ("import torch.distributed as dist\ndist.init_process_group('xla', init_method="
                                "'xla://')\n", ["dist.init_process_group('neuron')"]),
     "init_process_group backend kw": ("import torch\ntorch.distributed.init_process_group(backend=\"xla\")\n",

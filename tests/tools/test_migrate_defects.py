@@ -6,6 +6,7 @@ passes `runtime.global_ordinal()`). In-process; a few seconds.
 
 from __future__ import annotations
 
+import collections
 import copy
 import difflib
 import json
@@ -104,7 +105,7 @@ def test_an_attribute_that_is_stored_to_is_not_rewritten_as_a_read() -> None:
 
 def _helpers(*names: str) -> dict:
     namespace: dict = {"torch": torch, "os": os, "copy": copy}
-    for n in ("neuron_to_device", *names):
+    for n in ("neuron_init_group", "neuron_to_device", *names):
         exec(helper_source(n, "cpu", "gloo"), namespace)
     return namespace
 
@@ -1168,3 +1169,176 @@ def test_rv32c_a_coding_declaration_is_honoured_and_the_file_written_back_in_it(
     assert b"name = 'caf\xe9'" in out and b"torch_xla" not in out  # the same byte, read by Python as latin-1
     (src / "bad.py").write_bytes("# -*- coding: utf-8 -*-\nname = 'caf\xe9'\n".encode("latin-1"))
     assert cli_main(["migrate", str(src / "bad.py"), "--quiet"]) == 2
+
+
+# ------------------------------------------------------------------ review rv32d
+
+SPAWN = XM + "import torch_xla.distributed.xla_multiprocessing as xmp\nimport torch.distributed as dist\n"
+GROUP_GUARD = 'if "WORLD_SIZE" in os.environ and not torch.distributed.is_initialized():'
+
+
+def test_rv32d_1_only_the_module_level_function_of_the_launched_name_counts() -> None:
+    """`xmp.spawn(train)` launches the module's `train`; a method `Evaluator.train` that starts a group is not it:
+    torchrun's group is added (XLA averaged over the processes) and the script's own group is flagged."""
+    code = SPAWN + ("class Evaluator:\n    def train(self):\n        dist.init_process_group('xla')\n\n\n"
+                    "def train(index):\n    xm.optimizer_step(opt)\n\n\nxmp.spawn(train, args=())\n")
+    res = migrate_python(code)
+    assert GROUP_GUARD in res.code and [f.rule for f in res.flags] == ["xla-spawn-group"]
+    twin = SPAWN + "def train(index):\n    dist.init_process_group('xla')\n    xm.optimizer_step(opt)\n\n\n" \
+                   "xmp.spawn(train, args=())\n"
+    res = migrate_python(twin)  # the launched function starts its own group first thing: nothing added or flagged
+    assert GROUP_GUARD not in res.code and not res.flags
+
+
+def test_rv32d_2_a_group_after_an_early_return_is_not_on_every_path() -> None:
+    body = "    if not DDP:\n        return plain(index)\n    dist.init_process_group('xla')\n"
+    res = migrate_python(SPAWN + "def train(index):\n" + body + "\n\nxmp.spawn(train, args=())\n")
+    assert GROUP_GUARD in res.code and [f.rule for f in res.flags] == ["xla-spawn-group"]
+    twin = "    rank = 0\n    dist.init_process_group('xla')\n    if not DDP:\n        return plain(index)\n"
+    res = migrate_python(SPAWN + "def train(index):\n" + twin + "\n\nxmp.spawn(train, args=())\n")
+    assert GROUP_GUARD not in res.code and not res.flags  # before any branch: started on every call
+
+
+def _fake_world(monkeypatch: pytest.MonkeyPatch, size: int) -> dict:
+    """torch.distributed as `size` processes with equal values would see it (all_reduce sums them), recording the
+    group start; the real collectives need a second process."""
+    seen: dict = {"init": [], "reduced": 0}
+
+    def init(backend: str, *a: object, **k: object) -> None:
+        seen["init"].append(backend)
+
+    def all_reduce(t: torch.Tensor, *a: object, **k: object) -> None:
+        seen["reduced"] += 1
+        t.mul_(size)
+
+    monkeypatch.setattr(torch.distributed, "init_process_group", init)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: bool(seen["init"]))
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: size)
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    return seen
+
+
+@pytest.mark.parametrize(("world", "started"), [("2", ["gloo"]), ("1", []), (None, [])])
+def test_rv32d_3_a_torchrun_script_without_a_group_still_averages(monkeypatch: pytest.MonkeyPatch,
+                                                                  world: str | None, started: list[str]) -> None:
+    """XLA under torchrun (PJRT reads torchrun's environment, pytorch/xla torch_xla/_internal/neuron.py) averages
+    in optimizer_step with no init_process_group; the helper starts the default group itself when WORLD_SIZE > 1
+    and then averages (the sum of 2 equal gradients / 2 = the gradient). The twins: one process, no launcher."""
+    code = XM + ("model = torch.nn.Linear(2, 1, bias=False)\nopt = torch.optim.SGD(model.parameters(), lr=1.0)\n"
+                 "model(torch.ones(1, 2)).sum().backward()\nxm.optimizer_step(opt)\n")
+    res = migrate_python(code, target=CPU)
+    seen = _fake_world(monkeypatch, int(world or 1))
+    got = _run(res.code, {} if world is None else {"WORLD_SIZE": world}, monkeypatch)
+    assert seen["init"] == started and seen["reduced"] == (1 if started else 0)
+    # the CPU reference: d(sum(x @ w.T))/dw = x = ones(1, 2); averaged over equal ranks it stays so
+    assert torch.equal(got["model"].weight.grad, torch.ones(1, 2))
+    for name in ("neuron_all_reduce", "neuron_mesh_reduce", "neuron_rendezvous"):
+        assert "if not neuron_init_group()" in helper_source(name, "neuron", "neuron") or \
+            "if neuron_init_group()" in helper_source(name, "neuron", "neuron"), name
+    assert "torch.distributed.init_process_group('neuron')" in helper_source("neuron_init_group", "neuron", "neuron")
+
+
+@pytest.mark.parametrize(("code", "flagged"), [
+    ("from transformers.utils import is_torch_xla_available as xla_ok\nif xla_ok():\n    x = 1\n", True),
+    ("from accelerate.utils import is_torch_xla_available as acc\nif acc(check_is_tpu=True):\n    x = 1\n", True),
+    ("import importlib.util\nspec = importlib.util.find_spec\nHAS = spec('torch_xla') is not None\n", True),
+    ("import sys\nHAS = sys.modules.get('torch_xla') is not None\n", True),
+    ("import sys\nm = sys.modules['torch_xla.core']\n", True),
+    # the twins: other packages' probes
+    ("from transformers.utils import is_torch_available as ok\nif ok():\n    x = 1\n", False),
+    ("import importlib.util\nspec = importlib.util.find_spec\nHAS = spec('torch') is not None\n", False),
+    ("import sys\nm = sys.modules['torch']\nn = sys.modules.get('numpy')\n", False),
+])
+def test_rv32d_4_tests_for_xla_through_aliases_are_flagged(code: str, flagged: bool) -> None:
+    assert rules(code) == (["xla-test"] if flagged else [])
+
+
+@pytest.mark.parametrize(("test", "flagged"), [('cfg.get("WORLD_SIZE")', True), ('cfg["WORLD_SIZE"]', True),
+                                               ('"WORLD_SIZE" in cfg', True), ('os.environ.get("WORLD_SIZE")', False),
+                                               ('os.getenv("WORLD_SIZE")', False),
+                                               ('os.environ["WORLD_SIZE"]', False),
+                                               ('"WORLD_SIZE" in os.environ', False)])
+def test_rv32d_5_only_the_environment_tells_torchrun(test: str, flagged: bool) -> None:
+    """A launch in the `else` of a torchrun test runs without torchrun: the script's own group cannot meet the
+    one the rewrite adds. Another mapping's WORLD_SIZE says nothing about the launcher: flagged."""
+    code = SPAWN + ("import os\ndef train(index):\n    if DDP:\n        dist.init_process_group('xla')\n\n\n"
+                    f"if {test}:\n    print('torchrun')\nelse:\n    xmp.spawn(train, args=())\n")
+    assert rules(code) == (["xla-spawn-group"] if flagged else [])
+
+
+def test_rv32d_6_an_appended_writefile_cell_is_part_of_the_file_and_flagged() -> None:
+    nb = _notebook("%%writefile train.py\n" + XM + "dev = xm.xla_device()\n",
+                   "%%writefile -a train.py\nxm.mark_step()\nprint(xm.get_ordinal())\n")
+    res = migrate_source(nb, "notebook")
+    c1, c2 = _cells(res.result)
+    assert c2.startswith("%%writefile -a train.py\n" + TODO)  # the flag's TODO, below the magic
+    assert "xm." not in c2 and 'print(int(os.environ.get("RANK", "0")))' in c2  # the earlier cell's `xm`
+    assert [f.rule for f in res.report.flags] == ["writefile-append"] and res.report.exit_code == 1
+    assert migrate_source(res.result, "notebook").result == res.result  # idempotent
+    twin = _notebook("%%writefile train.py\n" + XM + "dev = xm.xla_device()\n",
+                     "%%writefile other.py\nprint(1)\n")  # a second file of its own: nothing to flag
+    assert not migrate_source(twin, "notebook").report.flags
+    alone = migrate_source(_notebook("%%writefile --append t2.py\n" + XM + "print(xm.get_ordinal())\n"),
+                           "notebook")  # what t2.py held before is not known: flagged too
+    assert [f.rule for f in alone.report.flags] == ["writefile-append"]
+
+
+@pytest.mark.parametrize(("call", "out"), [('torch.device("xla", 0)', 'torch.device("neuron")'),
+                                           ("torch.device('xla:0')", "torch.device('neuron')"),
+                                           ('torch.device("xla", i)', None), ('torch.device("xla", 1)', None),
+                                           ('torch.device(type="xla", index=0)', None)])
+def test_rv32d_7_an_indexed_xla_device_is_the_current_one_or_flagged(call: str, out: str | None) -> None:
+    """Each XLA process had one device, `xla:0` (its own core); `"xla:0"` becomes the current neuron device, and
+    so does `torch.device("xla", 0)`. Any other index: which core it means is not known here (flagged)."""
+    res = migrate_python("import torch\nimport torch_xla\nd = " + call + "\n")
+    if out is None:
+        assert [f.rule for f in res.flags] == ["xla-device-string"] and call in res.code
+    else:
+        assert f"d = {out}\n" in res.code and not res.flags
+
+
+@pytest.mark.parametrize("expr", ['"xla:" + str(i)', '"xla:%d" % i', '"xla:{}".format(i)', "'xla:' + s"])
+def test_rv32d_8_a_device_name_built_from_a_string_is_flagged(expr: str) -> None:
+    assert rules(f"import torch\ni = 0\nd = torch.device({expr})\n") == ["xla-device-string"]
+    assert rules(f"import torch\ni = 0\nd = torch.device({expr.replace('xla', 'cuda')})\n") == []  # the twin
+
+
+def test_rv32d_9_the_loader_keeps_a_defaultdict_and_moves_one_tensor_once() -> None:
+    to_device = _helpers()["neuron_to_device"]
+    batch = collections.defaultdict(list)
+    t = torch.ones(2)
+    batch["x"], batch["y"] = t, t  # the same tensor twice: XLA's rewrite map moved it once
+    moved = to_device({"b": batch, "c": [t]}, "meta")
+    inner = moved["b"]
+    assert type(inner) is collections.defaultdict and inner.default_factory is list and inner["z"] == []
+    assert inner["x"].device.type == "meta" and inner["x"] is inner["y"] is moved["c"][0]
+    assert batch["x"] is t  # the input is untouched
+    assert to_device({"a": torch.ones(1), "b": torch.ones(1)}, "meta")["a"] is not \
+        to_device({"a": torch.ones(1), "b": torch.ones(1)}, "meta")["b"]  # the twin: two tensors stay two
+
+
+@pytest.mark.parametrize("head", [b"# coding: klingon\n", b"\xef\xbb\xbf# coding: latin-1\n"])
+def test_rv32d_10_a_coding_declaration_python_refuses_exits_2(tmp_path: Path, head: bytes) -> None:
+    data = head + XM.encode() + b"xm.mark_step()\n"
+    with pytest.raises(SyntaxError):  # the reference: Python refuses the file
+        compile(data, "x.py", "exec")
+    (tmp_path / "x.py").write_bytes(data)
+    assert cli_main(["migrate", str(tmp_path / "x.py"), "--in-place", "--quiet"]) == 2
+    assert (tmp_path / "x.py").read_bytes() == data
+    twin = head.replace(b"klingon", b"latin-1").replace(b"\xef\xbb\xbf# coding: latin-1", b"# coding: utf-8")
+    (tmp_path / "y.py").write_bytes(twin + XM.encode() + b"xm.mark_step()\n")
+    assert cli_main(["migrate", str(tmp_path / "y.py"), "--in-place", "--quiet"]) == 0
+
+
+def test_rv32d_11_a_writefile_shell_script_gets_the_shell_rules() -> None:
+    res = migrate_source(_notebook("%%writefile run.sh\nexport XLA_USE_BF16=1\ntorchrun train.py\n"), "notebook")
+    cell = _cells(res.result)[0]
+    assert "# export XLA_USE_BF16=1\n" in cell and [f.rule for f in res.report.flags] == ["bf16-env"]
+    twin = migrate_source(_notebook("%%writefile run.py\nimport os\nos.environ['XLA_USE_BF16'] = '1'\n"), "notebook")
+    assert "os.environ['XLA_USE_BF16'] = '1'" in _cells(twin.result)[0]  # Python: the Python rules
+
+
+def test_rv32d_12_inlined_helpers_end_their_lines_as_the_file_does() -> None:
+    out = migrate_python((XM + "xm.rendezvous('x')\n").replace("\n", "\r\n")).code
+    assert "def neuron_rendezvous" in out and re.search(r"(?<!\r)\n", out) is None
+    assert "\r" not in migrate_python(XM + "xm.rendezvous('x')\n").code  # the twin: an LF file stays LF

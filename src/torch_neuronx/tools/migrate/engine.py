@@ -120,7 +120,7 @@ def _read(path: Path, kind: str | None = None) -> tuple[str, str]:
     if b"\x00" in data[:8192]:
         raise ValueError("a binary file, not text")
     try:
-        return data.decode("utf-8"), "utf-8"
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         declared = _declared_encoding(data) if kind == "python" else None
         if declared is None:
@@ -129,6 +129,18 @@ def _read(path: Path, kind: str | None = None) -> tuple[str, str]:
             return data.decode(declared), declared
         except UnicodeDecodeError as bad:
             raise ValueError(f"not {declared} text, as its coding declaration says (byte {bad.start})") from bad
+    if kind == "python":
+        _check_declaration(data)
+    return text, "utf-8"
+
+
+def _check_declaration(data: bytes) -> None:
+    """Python refuses a file whose coding declaration names an unknown encoding (`# coding: klingon`) or
+    contradicts its UTF-8 byte-order mark (PEP 263): so does the migration (rv32d item 10), with one line."""
+    try:
+        tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as e:
+        raise ValueError(f"Python refuses its coding declaration ({e.msg})") from e
 
 
 def _declared_encoding(data: bytes) -> str | None:

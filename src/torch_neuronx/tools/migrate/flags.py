@@ -146,6 +146,7 @@ CLASS_SCOPE = FlagRule(
     "either the class's own or the import, and the rewrite cannot tell which.",
     "bind it on every path (or rename the class attribute), then migrate again.")
 XLA_DEVICE_FSTRING = FlagRule(
-    "xla-device-string", "An XLA device name built at run time (`f\"xla:{i}\"`): each XLA process had its own "
+    "xla-device-string", "An XLA device name built at run time (`f\"xla:{i}\"`, `\"xla:\" + str(i)`, "
+    "`torch.device(\"xla\", i)`): each XLA process had its own "
     "`xla:0`; the rewrite cannot tell which core a built index means.",
     "torch.device('neuron', int(os.environ['LOCAL_RANK'])), the core of a torchrun worker.")

@@ -4,6 +4,8 @@ They are inlined, not imported from torch_neuronx, on purpose: the migrated scri
 instance under AWS's TorchNeuron, which has no such module, and on a CPU-only machine as its own reference. Each
 keeps one torch_xla semantic that has no one-line native form:
 
+- the collectives below start the default process group themselves when torchrun started several processes and
+  the script did not (XLA's runtime joined them from torchrun's environment);
 - ``xm.optimizer_step`` / ``xm.reduce_gradients`` all-reduce and *average* the gradients over the world (XLA
   scales the sum by ``1 / world_size``), only when more than one process runs;
 - ``pl.MpDeviceLoader`` moves each batch (tensors inside lists, tuples, dicts, sets and objects' attributes, as
@@ -34,23 +36,30 @@ class Helper:
 _TO_DEVICE = '''
 def neuron_to_device(data, device, _moved=None):
     """Move tensors (inside lists, tuples, dicts, sets and other objects' attributes, as XLA's
-    for_each_instance_rewrite) to `device` (torch-neuronx migrate)."""
+    for_each_instance_rewrite) to `device`; one object seen twice is moved once, as XLA's rewrite map did
+    (torch-neuronx migrate)."""
+    _moved = {} if _moved is None else _moved
+    if id(data) in _moved:
+        return _moved[id(data)][1]
     if isinstance(data, torch.Tensor):
-        return data.to(device)
-    if isinstance(data, dict):
-        return type(data)((k, neuron_to_device(v, device, _moved)) for k, v in data.items())
-    if isinstance(data, tuple) and hasattr(data, "_fields"):  # a namedtuple
-        return type(data)(*(neuron_to_device(v, device, _moved) for v in data))
-    if isinstance(data, (list, tuple, set, frozenset)):
-        return type(data)(neuron_to_device(v, device, _moved) for v in data)
-    if hasattr(data, "__dict__") and not isinstance(data, type):  # a Transformers BatchEncoding: a copy, moved
-        _moved = {} if _moved is None else _moved
-        if id(data) not in _moved:
-            _moved[id(data)] = moved = copy.copy(data)
-            for key, value in vars(moved).items():
-                vars(moved)[key] = neuron_to_device(value, device, _moved)
-        return _moved[id(data)]
-    return data
+        moved = data.to(device)
+    elif isinstance(data, dict):  # a copy keeps the type and a defaultdict's default_factory
+        moved = copy.copy(data)
+        for key, value in data.items():
+            moved[key] = neuron_to_device(value, device, _moved)
+    elif isinstance(data, tuple) and hasattr(data, "_fields"):  # a namedtuple
+        moved = type(data)(*(neuron_to_device(v, device, _moved) for v in data))
+    elif isinstance(data, (list, tuple, set, frozenset)):
+        moved = type(data)(neuron_to_device(v, device, _moved) for v in data)
+    elif hasattr(data, "__dict__") and not isinstance(data, type):  # a Transformers BatchEncoding: a copy, moved
+        moved = copy.copy(data)
+        _moved[id(data)] = (data, moved)  # before its attributes: an attribute that refers back finds the copy
+        for key, value in vars(moved).items():
+            vars(moved)[key] = neuron_to_device(value, device, _moved)
+    else:
+        return data
+    _moved[id(data)] = (data, moved)  # the original is held: its id cannot be reused while the map lives
+    return moved
 '''
 
 _LOADER = '''
@@ -69,11 +78,28 @@ class NeuronDeviceLoader:
         return len(self.loader)
 '''
 
+# XLA's PJRT runtime reads torchrun's environment (pytorch/xla torch_xla/_internal/neuron.py, pjrt.py): under
+# torchrun, optimizer_step / all_reduce / mesh_reduce / rendezvous act over every process with no
+# init_process_group in the script. The helpers start the default group themselves then (rv32d item 3), never
+# acting as one process of several.
+_GROUP = '''
+def neuron_init_group():
+    """Start the default process group when torchrun started several processes and the script has none, as XLA's
+    runtime joined them from torchrun's environment; True when a process group runs (torch-neuronx migrate)."""
+    if not torch.distributed.is_available():
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise RuntimeError("WORLD_SIZE > 1 but torch.distributed is not available: cannot reduce over processes")
+        return False
+    if not torch.distributed.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        torch.distributed.init_process_group({backend!r})
+    return torch.distributed.is_initialized()
+'''
+
 _AVERAGE = '''
 def neuron_average_gradients(optimizer):
     """All-reduce and average the gradients over the data-parallel processes, as xm.reduce_gradients did
     (torch-neuronx migrate). With a (dp, tp) mesh from neuron_init_mesh, only over its "dp" dimension."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    if not neuron_init_group():
         return
     mesh = globals().get("NEURON_MESH", {}).get("mesh")
     group = mesh["dp"].get_group() if mesh is not None else None
@@ -109,8 +135,7 @@ _ALL_REDUCE = '''
 def neuron_all_reduce(reduce_type, inputs, scale=1.0, groups=None, pin_layout=True):
     """xm.all_reduce: a new tensor for a tensor, in place for a list of tensors, times `scale`; with one process
     nothing is reduced nor scaled, as XLA (torch-neuronx migrate). `groups` is flagged by the migration."""
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if not distributed or torch.distributed.get_world_size() == 1:
+    if not neuron_init_group() or torch.distributed.get_world_size() == 1:
         return inputs.clone() if isinstance(inputs, torch.Tensor) else inputs
     tensors = [inputs.clone()] if isinstance(inputs, torch.Tensor) else list(inputs)
     for t in tensors:
@@ -125,7 +150,7 @@ def neuron_mesh_reduce(tag, data, reduce_fn):
     """Gather `data` (moved to the CPU first) from every process, reduce it with `reduce_fn`, as xm.mesh_reduce
     did (torch-neuronx migrate)."""
     data = neuron_to_device(data, "cpu")
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    if not neuron_init_group():
         return reduce_fn([data])
     gathered = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, data)
@@ -136,7 +161,7 @@ _RENDEZVOUS = '''
 def neuron_rendezvous():
     """Wait for every process, as xm.rendezvous(tag) did, and return what it returned with no payload: one b"" per
     process; with no process group (one process), [b""] at once (torch-neuronx migrate)."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if neuron_init_group():
         torch.distributed.barrier()
         return [b""] * torch.distributed.get_world_size()
     return [b""]
@@ -208,14 +233,15 @@ def neuron_master_print(*args, local=False, file=None):
 HELPERS: dict[str, Helper] = {
     h.name: h
     for h in (
+        Helper("neuron_init_group", _GROUP, ("os", "torch")),
         Helper("neuron_to_device", _TO_DEVICE, ("copy", "torch")),
         Helper("NeuronDeviceLoader", _LOADER, (), ("neuron_to_device",)),
-        Helper("neuron_average_gradients", _AVERAGE, ("torch",)),
+        Helper("neuron_average_gradients", _AVERAGE, ("torch",), ("neuron_init_group",)),
         Helper("neuron_optimizer_step", _OPT_STEP, (), ("neuron_average_gradients",)),
         Helper("neuron_save", _SAVE, ("os", "torch"), ("neuron_to_device",)),
-        Helper("neuron_all_reduce", _ALL_REDUCE, ("torch",)),
-        Helper("neuron_mesh_reduce", _MESH_REDUCE, ("torch",), ("neuron_to_device",)),
-        Helper("neuron_rendezvous", _RENDEZVOUS, ("torch",)),
+        Helper("neuron_all_reduce", _ALL_REDUCE, ("torch",), ("neuron_init_group",)),
+        Helper("neuron_mesh_reduce", _MESH_REDUCE, ("torch",), ("neuron_to_device", "neuron_init_group")),
+        Helper("neuron_rendezvous", _RENDEZVOUS, ("torch",), ("neuron_init_group",)),
         Helper("neuron_init_mesh", _MESH, ("torch",)),
         Helper("neuron_init_weight", _INIT_WEIGHT, ("torch",)),
         Helper("NeuronSkipBiasLinear", _SKIP_BIAS, ("torch",)),
@@ -245,6 +271,6 @@ def closure(names: set[str]) -> list[str]:
 
 def source(name: str, device: str, backend: str) -> str:
     text = HELPERS[name].source
-    if name == "neuron_init_mesh":
+    if name in ("neuron_init_mesh", "neuron_init_group"):
         text = text.replace("{backend!r}", repr(backend)).replace("{device!r}", repr(device))
     return text.strip("\n") + "\n"

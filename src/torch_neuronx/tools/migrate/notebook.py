@@ -19,11 +19,13 @@ from typing import Any
 
 import libcst as cst
 
+from torch_neuronx.tools.migrate import flags as flagmod
 from torch_neuronx.tools.migrate import helpers as helpermod
 from torch_neuronx.tools.migrate.names import Aliases, in_family
 from torch_neuronx.tools.migrate.python import (
     NEURON,
     Target,
+    _todo_lines,
     add_imports,
     insert_helpers,
     might_need_migration,
@@ -37,6 +39,26 @@ _MARK = "pass  # torch-neuronx-migrate-magic-{}"
 _SHELL_CELL = re.compile(r"^\s*%%(bash|sh|script\s+(ba)?sh)\b")
 _CELL_MAGIC_MARK = "# torch-neuronx-migrate-cell-magic"
 _WRITES_A_FILE = re.compile(r"%%(writefile|file)\b")
+_APPENDS = re.compile(r"\s(-a|--append)\b")
+APPEND = flagmod.FlagRule(
+    "writefile-append", "This `%%writefile -a` cell appends to a file: it was migrated as a part of what the "
+    "notebook's earlier cells write there (with their imports), not of what the file held before; its helpers and "
+    "imports may repeat the earlier part's.",
+    "merge the cells into one `%%writefile` cell, then migrate again.")
+
+
+def _written_file(magic: str) -> str | None:
+    """The file a `%%writefile [-a] NAME` line writes (IPython's writefile: its one positional argument)."""
+    if not _WRITES_A_FILE.match(magic):
+        return None
+    words = [w for w in magic.split()[1:] if not w.startswith("-")]
+    return words[-1].strip("'\"") if words else None
+
+
+def _writes_shell(src: str) -> bool:
+    """`%%writefile run.sh`: the cell is a shell script, not Python (rv32d item 11)."""
+    name = _written_file(src.partition("\n")[0])
+    return name is not None and name.endswith(".sh")
 
 
 @dataclass
@@ -106,7 +128,7 @@ def migrate_notebook(text: str, target: Target = NEURON, spawn_scripts: set[str]
         if not isinstance(cell, dict) or cell.get("cell_type") != "code":
             continue
         src = _source(cell)
-        if _SHELL_CELL.match(src):
+        if _SHELL_CELL.match(src) or _writes_shell(src):
             first, _, rest = src.partition("\n")
             sh = migrate_shell(rest, spawn_scripts, cell=i, line_offset=1)
             res.rewrites += sh.rewrites
@@ -151,9 +173,18 @@ def migrate_notebook(text: str, target: Target = NEURON, spawn_scripts: set[str]
     helper_names: set[str] = set()
     first_helper_cell = None
     migrated: dict[int, cst.Module] = {}
+    files: dict[str | None, Aliases] = {}  # the names each written file imports so far (cells run in order)
+    appended: set[int] = set()
     for i, (module, _) in parsed.items():
         if i in own_files:  # the file %%writefile writes: its own imports and helpers, inside it
-            own = Aliases()
+            name = _written_file(cell_magics[i])
+            if _APPENDS.search(cell_magics[i]):  # `%%writefile -a`: a part of the file (rv32d item 6)
+                own = files.setdefault(name, Aliases())
+                appended.add(i)
+                res.flags.append(Flag(line=1, rule=APPEND.rule, reason=APPEND.reason,
+                                      suggestion=APPEND.suggestion, code=cell_magics[i].strip(), cell=i))
+            else:
+                own = files[name] = Aliases()
             own.add_ast(trees[i])
             new, ctx = migrate_module(module, own, target, cell=i, tree=trees[i])
             res.rewrites += ctx.rewrites
@@ -198,6 +229,8 @@ def migrate_notebook(text: str, target: Target = NEURON, spawn_scripts: set[str]
             body = code.replace(_CELL_MAGIC_MARK + "\n", "", 1).replace(_CELL_MAGIC_MARK, "", 1)
             if not body.strip() and _source(cell).partition("\n")[2].strip():  # IPython refuses an empty body
                 body = "pass\n"
+            if i in appended and TODO not in body.partition("\n")[0]:
+                body = "".join(f"{ln}\n" for ln in _todo_lines(APPEND)) + body
             code = cell_magics[i] + ("" if cell_magics[i].endswith("\n") or not body else "\n") + body
         if code != _source(cell):
             _set_source(cell, code)

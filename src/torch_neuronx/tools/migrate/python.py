@@ -101,13 +101,22 @@ _XLA_PROBES = {"is_torch_xla_available", "is_torch_tpu_available", "is_tpu_avail
 _SPEC_PROBES = {"find_spec", "find_loader", "import_module"}
 
 
-def _probes_for_xla(call: cst.Call) -> bool:
-    """`importlib.util.find_spec("torch_xla")`, `is_torch_xla_available()`: a test for an installed torch_xla."""
+def _names_torch_xla(node: cst.CSTNode) -> bool:
+    return string_matches(node, r"torch_xla(\..*)?")
+
+
+def _probes_for_xla(call: cst.Call, resolved: str | None = None) -> bool:
+    """`importlib.util.find_spec("torch_xla")`, `is_torch_xla_available()` (also under an import alias:
+    `from transformers.utils import is_torch_xla_available as xla_ok`, `resolved`), any call given the string
+    "torch_xla..." (`spec = importlib.util.find_spec; spec("torch_xla")`, `sys.modules.get("torch_xla")`): a
+    test for an installed or imported torch_xla (rv32d item 4)."""
     name = dotted(call.func)
-    last = name.rsplit(".", 1)[-1] if name else None
-    if last in _XLA_PROBES:
+    lasts = {n.rsplit(".", 1)[-1] for n in (name, resolved) if n}
+    if lasts & _XLA_PROBES:
         return True
-    return last in _SPEC_PROBES and bool(call.args) and _names_xla(call.args[0].value)
+    if lasts & _SPEC_PROBES and bool(call.args) and _names_xla(call.args[0].value):
+        return True
+    return any(_names_torch_xla(a.value) for a in call.args)
 
 
 def _xla_device_fstring(node: cst.FormattedString) -> bool:
@@ -418,7 +427,8 @@ class Migrator(RefTracking, cst.CSTTransformer):
 
     # expression-level rules
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> Expr:
-        if _tests_for_xla_prefix(original_node) or _probes_for_xla(original_node):  # always False now
+        resolved = self.aliases.qualname(original_node.func)
+        if _tests_for_xla_prefix(original_node) or _probes_for_xla(original_node, resolved):  # always False now
             self.ctx.flag(flagmod.XLA_TEST, self.ctx.code(original_node).strip())
             self._collect_flags(self._line(original_node))
         ref = self.refs.get(id(original_node.func))
@@ -553,7 +563,16 @@ class Migrator(RefTracking, cst.CSTTransformer):
             self.ctx.flag(flagmod.CC_FLAGS, value)
         elif "PJRT_DEVICE" in value or re.search(r"\bXLA_[A-Z_]+", value):
             self.ctx.flag(flagmod.XLA_ENV, value)
+        elif string_matches(original_node, r"xla:([%{].*)?"):  # "xla:" + str(i), "xla:%d" % i, "xla:{}".format(i)
+            self.ctx.flag(flagmod.XLA_DEVICE_FSTRING, value)  # a device built at run time (rv32d item 8)
         self._collect_flags(self._line(original_node))
+        return updated_node
+
+    def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript) -> Expr:
+        """`sys.modules["torch_xla"]`: a test for an imported torch_xla, now always failing (rv32d item 4)."""
+        if any(isinstance(e.slice, cst.Index) and _names_torch_xla(e.slice.value) for e in original_node.slice):
+            self.ctx.flag(flagmod.XLA_TEST, self.ctx.code(original_node).strip())
+            self._collect_flags(self._line(original_node))
         return updated_node
 
     def leave_Comparison(self, original_node: cst.Comparison, updated_node: cst.Comparison) -> Expr:
@@ -800,6 +819,7 @@ def insert_helpers(module: cst.Module, names: Sequence[str], target: Target) -> 
     if not todo:
         return module
     code = "\n\n".join(helpermod.source(n, target.device, target.backend) for n in todo)
+    code = code.replace("\n", module.default_newline)  # a CRLF file: the docstrings' lines end as its own (rv32d 12)
     stmts = list(cst.parse_module(code).body)
     body = list(module.body)
     blank = cst.EmptyLine()

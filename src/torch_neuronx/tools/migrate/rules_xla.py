@@ -31,6 +31,7 @@ from torch_neuronx.tools.migrate.registry import (
     is_xla_string,
     parenthesised,
     split_args,
+    string_matches,
 )
 
 XM = "torch_xla.core.xla_model"
@@ -448,9 +449,10 @@ def _spawn_stmt(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt] | None:
 
 
 OWN_GROUP = flagmod.FlagRule(
-    "xla-spawn-group", "The script also starts a process group itself, not as the first statement of the launched "
-    "function: torchrun's group is started before the launch when none exists (XLA averaged gradients without "
-    "one), so a later init_process_group raises, initialised twice.",
+    "xla-spawn-group", "The script also starts a process group itself, not among the first statements (before any "
+    "branch or return) of the launched module-level function: torchrun's group is started before the launch "
+    "when none exists (XLA averaged gradients without one), so a later init_process_group raises, initialised "
+    "twice.",
     "guard the script's own init_process_group with `if not torch.distributed.is_initialized():`, or remove it.")
 
 
@@ -469,26 +471,67 @@ def _process_count(ctx: Ctx, call: cst.Call, qn: str) -> str:
     return f"1 if {ctx.code(single)} else <cores>"
 
 
+def _is_os_environ(node: ast.expr) -> bool:
+    """`os.environ` (not another mapping: `cfg.get("WORLD_SIZE")` is no torchrun test, rv32d item 5)."""
+    return (isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name)
+            and node.value.id == "os")
+
+
+def _names_world_size(node: ast.expr | None) -> bool:
+    return isinstance(node, ast.Constant) and node.value == "WORLD_SIZE"
+
+
 def _torchrun_test(test: ast.expr) -> bool:
-    """`os.environ.get("WORLD_SIZE")`, `"WORLD_SIZE" in os.environ`, `dist.is_torchelastic_launched()`: true under
-    torchrun (AWS's samples: `if os.environ.get("WORLD_SIZE"): init_process_group(...) ... else: xmp.spawn(...)`)."""
+    """`os.environ.get("WORLD_SIZE")`, `os.getenv("WORLD_SIZE")`, `os.environ["WORLD_SIZE"]`, `"WORLD_SIZE" in
+    os.environ`, `dist.is_torchelastic_launched()`: true under torchrun (AWS's samples: `if
+    os.environ.get("WORLD_SIZE"): init_process_group(...) ... else: xmp.spawn(...)`). Nothing else: a lookup in
+    another mapping says nothing about the launcher."""
     if isinstance(test, ast.Compare):  # `"WORLD_SIZE" in os.environ` only (not `... is None`, `not in`)
-        return (len(test.ops) == 1 and isinstance(test.ops[0], ast.In) and isinstance(test.left, ast.Constant)
-                and test.left.value == "WORLD_SIZE")
+        return (len(test.ops) == 1 and isinstance(test.ops[0], ast.In) and _names_world_size(test.left)
+                and _is_os_environ(test.comparators[0]))
+    if isinstance(test, ast.Subscript):
+        return _is_os_environ(test.value) and _names_world_size(test.slice)
     if not isinstance(test, ast.Call) or not isinstance(test.func, ast.Attribute | ast.Name):
         return False
     name = test.func.attr if isinstance(test.func, ast.Attribute) else test.func.id
     if name == "is_torchelastic_launched":
         return True
-    first = test.args[0] if test.args else None  # os.environ.get("WORLD_SIZE"), os.getenv("WORLD_SIZE")
-    return name in ("get", "getenv") and isinstance(first, ast.Constant) and first.value == "WORLD_SIZE"
+    if not isinstance(test.func, ast.Attribute) or not test.args or not _names_world_size(test.args[0]):
+        return False
+    owner = test.func.value
+    return ((name == "get" and _is_os_environ(owner))
+            or (name == "getenv" and isinstance(owner, ast.Name) and owner.id == "os"))
+
+
+def _is_group_start(stmt: ast.stmt) -> bool:
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    name = call.func if isinstance(call, ast.Call) else None
+    return (isinstance(name, ast.Attribute) and name.attr == "init_process_group") or (
+        isinstance(name, ast.Name) and name.id == "init_process_group")
+
+
+# statements that cannot skip what follows them: a group started after only these is started on every call
+_STRAIGHT = (ast.Expr, ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Import, ast.ImportFrom, ast.Pass,
+             ast.Global, ast.Nonlocal)
+
+
+def _starts_group_first(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """The function starts a process group among its own first statements, before any branch, loop, `try`,
+    `with`, `return` or `raise` (rv32d item 2: a group after `if ...: return` is not started on every path)."""
+    for stmt in fn.body:
+        if _is_group_start(stmt):
+            return True
+        if not isinstance(stmt, _STRAIGHT):
+            return False
+    return False
 
 
 def _own_group_fns(ctx: Ctx, module: cst.Module) -> None:
-    """The functions whose body starts a process group as one of its own statements (not behind an `if`):
-    launched, they need no group from the rewrite. And the lines of the `else` of a test for torchrun: a launch
-    there runs without torchrun, where the rewrite adds no group (its guard needs WORLD_SIZE), so a process group
-    the script starts elsewhere cannot meet it."""
+    """The module-level functions whose body starts a process group on every path (_starts_group_first):
+    launched, they need no group from the rewrite. Only module-level defs: `xmp.spawn(train)` names the module's
+    `train`, not a method `Evaluator.train` (rv32d item 1). And the lines of the `else` of a test for torchrun: a
+    launch there runs without torchrun, where the rewrite adds no group (its guard needs WORLD_SIZE), so a
+    process group the script starts elsewhere cannot meet it."""
     own: set[str] = set()
     ctx.state["own_group_fns"] = own
     no_torchrun: set[int] = set()
@@ -499,13 +542,11 @@ def _own_group_fns(ctx: Ctx, module: cst.Module) -> None:
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and _torchrun_test(node.test):
             no_torchrun.update(n.lineno for stmt in node.orelse for n in ast.walk(stmt) if isinstance(n, ast.stmt))
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for stmt in node.body:
-                call = stmt.value if isinstance(stmt, ast.Expr) else None
-                name = call.func if isinstance(call, ast.Call) else None
-                if (isinstance(name, ast.Attribute) and name.attr == "init_process_group") or (
-                        isinstance(name, ast.Name) and name.id == "init_process_group"):
-                    own.add(node.name)
+    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for name in {d.name for d in defs}:
+        same = [d for d in defs if d.name == name]  # redefined: every definition must start the group
+        if all(_starts_group_first(d) for d in same):
+            own.add(name)
 
 
 RULES.prepare.append(_own_group_fns)
@@ -556,6 +597,27 @@ _PG_CALLS = {"torch.distributed.init_process_group", "torch.distributed.distribu
              "torch.distributed.new_group"}
 
 
+def _device_index(ctx: Ctx, original: cst.Call, qn: str | None, args: list[cst.Arg]) -> list[cst.Arg] | None:
+    """`torch.device("xla", 0)`: each XLA process's only device, the current one as `"xla:0"` (rv32d item 7):
+    the index goes, the device becomes `torch.device("neuron")` as `"xla:0"` does. Another index, an index that is
+    not a literal, or `type="xla"` is flagged (None): which core it means is not known here."""
+    if qn != "torch.device":
+        return args
+    keyed = {a.keyword.value: a for a in args if a.keyword is not None}
+    if "type" in keyed and is_xla_string(keyed["type"].value):
+        ctx.flag(flagmod.XLA_DEVICE_FSTRING, ctx.code(original).strip())
+        return None
+    first = args[0] if args and args[0].keyword is None else None
+    if first is None or not is_xla_string(first.value) or len(args) == 1:
+        return args
+    index = args[1].value
+    if len(args) == 2 and isinstance(index, cst.Integer) and index.evaluated_value == 0 and string_matches(
+            first.value, r"xla"):
+        return [first.with_changes(comma=cst.MaybeSentinel.DEFAULT)]
+    ctx.flag(flagmod.XLA_DEVICE_FSTRING, ctx.code(original).strip())
+    return None
+
+
 def _native_call(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None:
     qn = ctx.qualname(original.func)
     method = original.func.attr.value if isinstance(original.func, cst.Attribute) else None
@@ -579,6 +641,11 @@ def _native_call(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None
             keep[-1] = keep[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         args = keep
     else:
+        indexed = _device_index(ctx, original, qn, args)
+        if indexed is None:  # flagged: left as it is
+            return None
+        changed = indexed is not args
+        args = indexed
         for i, a in enumerate(args):
             positional_device = a.keyword is None and i == 0 and (qn in _DEVICE_CALLS or method == "to")
             keyword_device = a.keyword is not None and a.keyword.value in ("device", "device_type", "map_location")
