@@ -77,6 +77,51 @@ def resume_job(device: str, out: str) -> None:
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
 
 
+def pretrained_job(device: str, out: str) -> None:
+    """Correct: starts from a pretrained file it only reads (given to the checker as --checkpoint), trains 2 steps
+    and saves model.pt. The reference must find the file where the job left it (rv29c defect 6)."""
+    model, batches = model_and_data(device)
+    model.load_state_dict(torch.load(os.path.join(out, "pretrained.pt")))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for x in batches[:2]:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, os.path.join(out, "model.pt"))
+
+
+def fresh_dir_job(device: str, out: str) -> None:
+    """Correct: makes its output folder with os.makedirs (no exist_ok: it never overwrites results) and a
+    DeepSpeed-style `latest` tag file beside its checkpoint; it fails if either is there when it starts. The
+    reference must start without what the neuron run created (rv29c defect 5)."""
+    folder = os.path.join(out, "output")
+    os.makedirs(folder)
+    with open(os.path.join(out, "latest"), "x") as f:  # "x": fails when a run before this one left it
+        f.write("step2")
+    model, batches = model_and_data(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for x in batches[:2]:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, os.path.join(folder, "model.pt"))
+
+
+def random_ops_job(device: str) -> None:
+    """Correct: random ops that sample without an in-place sampler, drawn on the device: a batch order from
+    torch.randperm(device=...), noise from torch.normal(mean tensor, std tensor) and torch.normal(0, 1, size,
+    device=...). The neuron run must draw the numbers its CPU reference draws (rv29c defect 7)."""
+    model, batches = model_and_data(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for x in batches:
+        x = x[torch.randperm(x.shape[0], device=device)]
+        x = x + torch.normal(torch.zeros_like(x), torch.full_like(x, 0.1))
+        x = x + torch.normal(0.0, 0.1, tuple(x.shape), device=device)
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+
 def checkpoints_job(device: str, out: str) -> None:
     """Writes what a checkpoint check must see: a tensor-less file holding a device, a file written through a
     file object, a buffer, a safetensors file outside the working directory, and marked files whose content
@@ -227,7 +272,8 @@ def adamw_job(device: str, out: str) -> None:
     """Issue 29 (h29): AdamW-trained checkpoints compared with the reference's, one process or DDP (one process of
     the global batch as the reference). adamw.pt is correct; each other file plants one fault on neuron: a tensor
     scaled by 1.5, a square one transposed, a key missing, a frozen weight nudged by less than AdamW's allowance
-    (untouched tensors keep the tight bound), and a file saved before training on neuron, after it on CPU."""
+    (untouched tensors keep the tight bound), a tensor scaled by 0.97 when exported (within AdamW's allowance: caught
+    when both runs' parameters were identical), and a file saved before training on neuron, after it on CPU."""
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     dev = torch.device(device)
     if world > 1:
@@ -260,7 +306,8 @@ def adamw_job(device: str, out: str) -> None:
         if device != "neuron":
             torch.save(trained, os.path.join(out, "adamw_before.pt"))
         faults = {"scaled": ("body.0.weight", lambda t: t * 1.5), "transposed": ("body.2.weight", lambda t: t.t()),
-                  "frozen": ("frozen.weight", lambda t: t + 5e-3), "missing": ("body.4.bias", None)}
+                  "frozen": ("frozen.weight", lambda t: t + 5e-3), "missing": ("body.4.bias", None),
+                  "exported": ("body.2.weight", lambda t: t * 0.97)}  # within AdamW's allowance: rv29c defect 3
         for name, (key, change) in faults.items():
             planted = dict(trained)
             if device == "neuron" and change is None:
@@ -333,6 +380,12 @@ def main() -> None:
         checkpoints_job(device, out)
     elif job == "adamw":
         adamw_job(device, out)
+    elif job == "random_ops":
+        random_ops_job(device)
+    elif job == "fresh_dir":
+        fresh_dir_job(device, out)
+    elif job == "pretrained":
+        pretrained_job(device, out)
     elif job == "resume":
         resume_job(device, out)
     elif job == "compiled_dropout":

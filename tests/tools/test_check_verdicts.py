@@ -392,3 +392,98 @@ def test_the_rank_stuck_in_its_own_code_is_named_at_the_deadline() -> None:
     twin = verdicts.operations(side(False), verdicts.Thresholds(), 60.0)
     assert not [e for e in twin.evidence if e.get("stuck")]
     assert [e["rank"] for e in twin.evidence if e["check"] == "hang"] == [0, 1]
+
+
+# ------------------------------------------------------------------ rv29c defect 9: what an interrupt leaves
+def test_an_interrupted_check_writes_no_false_evidence() -> None:
+    # SIGTERM to the checker while 2 DDP ranks train: the checker killed them, so no rank "stopped first", none
+    # "hung"; SIGINT while the reference ran: the reference is said skipped, not failed, and a checkpoint the
+    # interrupt came before is not loaded, not "does not load on CPU". The twins: the same ranks at the deadline
+    # (hung, a failure) and without the interrupt (one rank stopped first).
+    from torch_neuronx.tools.check.config import Thresholds
+    from torch_neuronx.tools.check.results import RankRun
+
+    own = 'Current thread 0x00007f10 (most recent call first):\n  File "/job/train.py", line 35 in train\n'
+    ranks = {r: RankRun(rank=r, steps=[{"i": 0, "t": 1.0}], start={"pid": 10 + r}, stacks=own) for r in (0, 1)}
+    interrupted = Side("neuron", ["train.py"], ranks=ranks, interrupted="SIGTERM")
+    first = verdicts.operations(interrupted, Thresholds(), 60.0).evidence[0]
+    assert first["verdict"] == "info" and "were in the job's own code when the checker killed the job on SIGTERM" \
+        in first["message"] and "hung" not in first["message"], first
+    at_deadline = verdicts.operations(Side("neuron", ["train.py"], ranks=ranks, timed_out=True), Thresholds(), 60.0)
+    assert at_deadline.evidence[0]["verdict"] == "fail" and "hung in the job's own code" in \
+        at_deadline.evidence[0]["message"]
+    rank0, rank1 = _stopped("stopped", 103.0), _stopped("stopped", 104.0)
+    side = Side("neuron", ["job"], interrupted="SIGTERM")
+    side.ranks = {0: rank0, 1: rank1}
+    layer = verdicts.Layer()
+    verdicts._first_stop(layer, side)
+    assert layer.evidence == []
+    [blamed] = _first_stop(rank0, rank1)  # the twin: nobody interrupted the check
+    assert blamed["rank"] == 0 and "stopped first" in blamed["message"]
+    ref = Side("reference", ["job"], returncode=-15, interrupted="SIGINT")
+    layer = verdicts.correctness(Side("neuron", ["job"]), ref, [], Thresholds())
+    [e] = [x for x in layer.evidence if x["check"] == "reference"]
+    assert e["message"].startswith("reference skipped: the check was interrupted (SIGINT"), e
+    item = _loaded_item("/w/ck/latest.pt", loaded={"ok": False, "interrupted": True, "error": "not loaded"})
+    [(verdict, message)] = _checkpoint_verdicts([item])
+    assert verdict == "info" and "not loaded on CPU: the check was interrupted first" in message
+    [(verdict, message)] = _checkpoint_verdicts([_loaded_item("/w/ck/latest.pt", loaded={"ok": False,
+                                                                                          "error": "bad zip"})])
+    assert verdict == "fail"  # the twin: a file that was tried and did not load
+
+
+# ------------------------------------------------------------------ rv29c defect 10: messages on one line
+def test_graph_breaks_and_leftover_commands_are_said_on_one_line() -> None:
+    # Dynamo's paragraphs (the text of torch 2.9's graph-break reasons, shortened) become one line each; breaks
+    # inside DDP's own code are info, not a warning about the job; the twin, a break in the job's code, warns.
+    from torch_neuronx.tools.check.results import RankRun
+
+    ddp = ("Unsupported method call\n  Explanation: Dynamo does not know how to trace method "
+           "`set_runtime_stats_and_log` of class `Logger`\n  Hint: Avoid calling `Logger.set_runtime_stats_and_log`"
+           " in your code.\n\n  Developer debug context: call_method UserDefinedObjectVariable(Logger)\n")
+    job = ("Data-dependent branching\n  Explanation: Detected data-dependent branching (e.g. `if my_tensor.sum() > "
+           "0:`).\n  Hint: Use `torch.cond` to express dynamic control flow.\n")
+
+    def said(*reasons: str) -> list[tuple[str, str]]:
+        end = {"compile": {"graph_breaks": {"count": len(reasons), "reasons": dict.fromkeys(reasons, 1)}}}
+        side = Side("neuron", ["job"], ranks={0: RankRun(rank=0, end=end)})
+        return [(e["verdict"], e["message"]) for e in verdicts.compilation(side, verdicts.Thresholds()).evidence
+                if e["check"] == "graph_breaks"]
+
+    [(verdict, message)] = said(ddp)
+    assert verdict == "info" and "inside PyTorch's DistributedDataParallel" in message and "\n" not in message
+    assert "Unsupported method call: Dynamo does not know how to trace method `set_runtime_stats_and_log`" in message
+    [(verdict, message)] = said(job, ddp)
+    assert verdict == "warn" and "Data-dependent branching: Detected data-dependent branching" in message
+    assert "(and 1 inside DDP's own code)" in message and "\n" not in message and "Hint" not in message
+    side = Side("neuron", ["job"], killed=[{"pid": 7, "when": "left running", "command": "python -c import time\n"
+                                           "time.sleep(600)"}])
+    layer = verdicts.Layer()
+    verdicts._leftovers(layer, side)
+    [e] = layer.evidence
+    assert "pid 7: python -c import time time.sleep(600)" in e["message"], e
+
+
+# ------------------------------------------------------------------ rv29c defect 1: what is moved aside
+def test_only_regular_files_of_bounded_size_are_moved_aside(tmp_path: Path) -> None:
+    # A device node is never moved (shutil.move across filesystems copied /dev/zero until the disk was full, and
+    # turned a device node into a regular file); across filesystems only up to the copy limit; the twin, a
+    # regular file, moves.
+    import stat
+    import tempfile
+
+    from torch_neuronx.tools.check.run import move_aside
+
+    node = tmp_path / "node"
+    os.mknod(node, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    assert not move_aside(node, tmp_path / "aside" / "node") and stat.S_ISCHR(os.stat(node).st_mode)
+    small = tmp_path / "w.pt"
+    small.write_bytes(b"x" * 100)
+    assert move_aside(small, tmp_path / "aside" / "w.pt") and not small.exists()
+    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second filesystem to move across")
+    small.write_bytes(b"x" * 100)
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as other:
+        assert not move_aside(small, Path(other) / "w.pt", limit=50) and small.stat().st_size == 100
+        assert move_aside(small, Path(other) / "w.pt", limit=1000) and not small.exists()
+        assert (Path(other) / "w.pt").stat().st_size == 100

@@ -100,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
         cfg.validate()
         if args.buckets_from is not None:
             check_plan_model(args.buckets_from, args.hf_model)
+        if args.json and args.html and Path(args.json).resolve() == Path(args.html).resolve():
+            raise ValueError(f"--json and --html both name {args.json}: give each report its own file")
         for flag, path in (("--json", args.json), ("--html", args.html)):
             if path:
                 check_writable_file(flag, path)

@@ -95,6 +95,8 @@ class CheckConfig:
         self._validate_process_counts()
         if self.command:
             job_problem(self.command, self.cwd)
+        if self.reference:  # refused up front, not after the job ran (rv29c defect 10)
+            job_problem(self.reference, self.cwd, "reference")
         out = Path(self.out_dir)
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out}: that is a file; give a folder (made if missing), e.g. --out neuronx-check")
@@ -103,6 +105,44 @@ class CheckConfig:
             raise ValueError(f"--out {out}: {existing} is a file, so the folder cannot be made; give another --out")
         if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
             raise ValueError(f"--out {out}: {existing} is not writable; give a folder you can write to")
+        self._validate_out_place(out)
+        for extra in self.checkpoints:
+            p = Path(extra)
+            if p.exists() and not (p.is_file() or p.is_dir()):  # a device may never end, a FIFO blocks
+                raise ValueError(f"--checkpoint {extra}: not a regular file or folder (a device or a pipe); give "
+                                 "a checkpoint file or folder")
+
+    def _validate_out_place(self, out: Path) -> None:
+        """Refuse an --out the checker cannot make (a path thousands of folders deep) or one that holds the job's
+        folder or its script's: the checker leaves its own files under --out out of the checkpoint search, so
+        there it would skip the job's checkpoints (issue 29, rv29c defects 2 and 8)."""
+        try:
+            resolved = out.resolve()
+            depth = len(resolved.parts)
+        except (OSError, RuntimeError) as e:  # RecursionError is a RuntimeError
+            raise ValueError(f"--out {str(out)[:80]}...: cannot be resolved ({type(e).__name__}); give a shorter "
+                             "path") from None
+        if depth > MAX_OUT_DEPTH or len(str(resolved)) > MAX_OUT_CHARS:
+            raise ValueError(f"--out {str(out)[:80]}...: {depth} folders deep, {len(str(resolved))} characters; "
+                             f"give a path at most {MAX_OUT_DEPTH} folders and {MAX_OUT_CHARS} characters long")
+        job_dirs = {"the job's working folder": Path(self.cwd or ".").resolve()}
+        script = self._script()
+        if script is not None:
+            job_dirs["the job script's folder"] = script.resolve().parent
+        for what, folder in job_dirs.items():
+            if folder == resolved or resolved in folder.parents:
+                raise ValueError(f"--out {out}: it holds {what} ({folder}), whose checkpoints the check would "
+                                 "then skip as its own files; give a folder of its own, e.g. --out neuronx-check")
+
+    def _script(self) -> Path | None:
+        """The job's script (`train.py`, `python train.py`), relative to its working folder; None for -m or a
+        program."""
+        cmd = list(self.command)
+        if cmd and Path(cmd[0]).name.startswith("python") and len(cmd) > 1:
+            cmd = cmd[1:]
+        if not cmd or not cmd[0].endswith(".py"):
+            return None
+        return Path(self.cwd or ".") / cmd[0]
 
     def _validate_process_counts(self) -> None:
         """One process per NeuronCore: refuse more ranks than the instance has cores, before anything runs.
@@ -153,6 +193,10 @@ class CheckConfig:
         th = self.thresholds
         return replace(th, warmup_steps=max(th.warmup_steps, earlier + len(self.buckets)),
                        max_shapes=max(th.max_shapes, len(self.buckets) + 1))
+
+
+MAX_OUT_DEPTH = 200  # --out deeper than this is refused: pathlib's mkdir(parents=True) recurses once per folder
+MAX_OUT_CHARS = 3000  # and a path longer than this is refused (PATH_MAX is 4096 on Linux; the checker adds to it)
 
 
 # The built-in workload's shape (tools/check/hf_workload.py): SFT steps before generate, tokens generated per call.
@@ -293,7 +337,7 @@ def check_plan_model(plan_path: str, hf_model: str) -> None:
                          "that")
 
 
-def job_problem(command: list[str], cwd: Path | None) -> None:
+def job_problem(command: list[str], cwd: Path | None, what: str = "job") -> None:
     """Refuse a job that cannot start, before anything runs: a missing script (`x.py`, `python x.py`), a
     module Python cannot find (`-m pkg.mod`, looked up the way `python -m` run in `cwd` would), or a program that
     is not on PATH."""
@@ -309,13 +353,16 @@ def job_problem(command: list[str], cwd: Path | None) -> None:
         if len(cmd) < 2:
             raise ValueError("-m needs a module name, e.g. `-- -m mypkg.train`")
         if not _module_exists(cmd[1], [str(base.resolve()), *sys.path], importlib.machinery.PathFinder):
-            raise ValueError(f"the job module {cmd[1]} cannot be found (python -m {cmd[1]} would fail)")
+            raise ValueError(f"the {what} module {cmd[1]} cannot be found (python -m {cmd[1]} would fail)")
     elif cmd[0].endswith(".py"):
-        if not (base / cmd[0]).is_file():
-            raise ValueError(f"the job script {cmd[0]} does not exist")
+        script = base / cmd[0]
+        if script.exists() and not script.is_file():
+            raise ValueError(f"the {what} script {cmd[0]} is not a regular file (a folder, a device or a pipe)")
+        if not script.is_file():
+            raise ValueError(f"the {what} script {cmd[0]} does not exist")
     elif not Path(cmd[0]).name.startswith("python") and shutil.which(cmd[0]) is None and \
             not (base / cmd[0]).is_file():
-        raise ValueError(f"the job program {cmd[0]} is not on PATH and not a file")
+        raise ValueError(f"the {what} program {cmd[0]} is not on PATH and not a file")
 
 
 def _module_exists(name: str, path: list[str], finder: type) -> bool:

@@ -71,6 +71,10 @@ def _same_name(key: str, name: str) -> bool:
     return bool(k and n) and (k == n or k.endswith("." + n) or n.endswith("." + k))
 
 
+IDENTICAL_RUNS = ("both runs' parameters were identical at every optimizer step (the same per-tensor norms), so "
+                  "they did not diverge")
+
+
 def allowance(key: str, shape: list[int], trained: dict[str, Any] | None) -> tuple[float, str, dict[str, Any] | None]:
     """The optimizer's allowance for one checkpoint tensor (tools/check/optimizers.py), how it was matched to the
     optimizer's parameters, and that parameter's entry: by name and shape; a name the models give an untouched
@@ -78,6 +82,8 @@ def allowance(key: str, shape: list[int], trained: dict[str, Any] | None) -> tup
     parameters of its shape ("by shape only"); anything else 0."""
     if not trained or not trained.get("params"):
         return 0.0, "no optimizer step seen", None
+    if trained.get("identical_runs"):  # tools/check/verdicts.py identical_parameters
+        return 0.0, IDENTICAL_RUNS, None
     params = trained["params"]
     by_name = [p for p in params if p["shape"] == shape and any(_same_name(key, n) for n in p["names"])]
     if by_name:

@@ -18,7 +18,8 @@ own offset of the device stream). Random ops inside ``torch.compile``d graphs re
 probe sets Inductor's ``fallback_random`` in both runs, so compiled graphs call the eager ops. Only processes
 the checker launched are changed; the kernels are registered at
 ``PrivateUse1`` for the samplers every random op ends in (``randn`` is ``normal_``, dropout is
-``bernoulli_``).
+``bernoulli_``), and for those that sample without one: ``normal`` with tensor means or deviations, and the
+factories ``randperm`` and ``normal(mean, std, size)``, whose device comes as ``device=``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ _lock = threading.Lock()
 # in-place samplers: (overload, whether its first argument is the tensor drawn into)
 INPLACE = ("bernoulli_.float", "bernoulli_.Tensor", "uniform_", "normal_", "random_", "random_.from",
            "random_.to", "exponential_", "geometric_", "log_normal_", "cauchy_")
-FUNCTIONAL = ("bernoulli", "bernoulli.p", "multinomial")
+FUNCTIONAL = ("bernoulli", "bernoulli.p", "multinomial", "normal.Tensor_Tensor", "normal.Tensor_float",
+              "normal.float_Tensor")
+# factories: no tensor argument, the device comes as `device=` (rv29c defect 7: randperm, normal(mean, std, size))
+FACTORY = ("randperm", "randperm.generator", "normal.float_float")
 
 
 def take_unaligned() -> dict[str, int]:
@@ -136,6 +140,18 @@ def _functional(name: str, op: Any) -> Callable[..., Any]:
     return kernel
 
 
+def _factory(name: str, op: Any) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> torch.Tensor:
+        device = kwargs.get("device")
+        kwargs, gen = _generator(name, {**kwargs, "device": torch.device("cpu"), "pin_memory": False})
+        out = op(*args, **kwargs)
+        if gen is not None:
+            _advance(*gen, out.numel())
+        return out.to(device)
+
+    return kernel
+
+
 def install(probe: Any = None) -> bool:
     """Register the kernels (once per process); False when this torch refuses them (the job runs unchanged)."""
     global _library
@@ -149,10 +165,11 @@ def install(probe: Any = None) -> bool:
                 packet, _, overload = name.partition(".")
                 op = getattr(getattr(torch.ops.aten, packet), overload or "default")
                 lib.impl(name, _inplace(name, op), "PrivateUse1")
-            for name in FUNCTIONAL:
-                packet, _, overload = name.partition(".")
-                op = getattr(getattr(torch.ops.aten, packet), overload or "default")
-                lib.impl(name, _functional(name, op), "PrivateUse1")
+            for names, wrap in ((FUNCTIONAL, _functional), (FACTORY, _factory)):
+                for name in names:
+                    packet, _, overload = name.partition(".")
+                    op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+                    lib.impl(name, wrap(name, op), "PrivateUse1")
     except Exception as e:  # never stop the job: its random ops keep the device's stream, and the report says so
         if probe is not None:
             probe.emit("probe_error", where="rng", message=f"{type(e).__name__}: {e}")

@@ -10,6 +10,7 @@ checkpoints in a fresh CPU-only process, and returns the report document
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -465,16 +466,121 @@ def load_on_cpu(items: list[dict[str, Any]], probe_ids: list[int] | None, deadli
         return {i["path"]: {"ok": False, "error": f"the CPU loader failed: {r.stderr[-2000:]}"} for i in items}
 
 
-class Stash:
+STASH_COPY_LIMIT = 4 << 30  # bytes: what the checker copies to move a file aside across filesystems, at most
+
+
+def _size_within(path: Path, limit: int) -> bool:
+    """Whether `path` (a regular file, or a folder of regular files and folders, no links or devices) holds at
+    most `limit` bytes: the only things ever copied to move them aside (a device such as /dev/zero never ends)."""
+    if path.is_symlink():
+        return False
+    if path.is_file():
+        return path.stat().st_size <= limit
+    if not path.is_dir():
+        return False
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in [*filenames, *dirnames]:
+            f = Path(dirpath, name)
+            if f.is_symlink() or not (f.is_file() or f.is_dir()):
+                return False
+            total += f.stat().st_size if f.is_file() else 0
+            if total > limit:
+                return False
+    return True
+
+
+def move_aside(src: Path, dst: Path, limit: int = STASH_COPY_LIMIT) -> bool:
+    """Move a regular file or folder: a rename on one filesystem; across filesystems a copy, only when it is at
+    most `limit` bytes of regular files. Anything else (a device node, a FIFO, a link, more bytes) is left where
+    it is: False."""
+    if src.is_symlink() or not (src.is_file() or src.is_dir()):
+        return False
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(src, dst)
+        return True
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            return False
+    if not _size_within(src, limit):
+        return False
+    try:
+        shutil.move(str(src), str(dst))
+    except OSError:
+        return False
+    return True
+
+
+class Aside:
+    """Files moved out of the job's way, with a manifest (<root>/moved.json) written before each move: when the
+    checker dies before it puts them back (SIGKILL), the next check with the same --out finds the manifest and puts
+    them back before it clears anything (:meth:`recover`)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.moved: list[tuple[Path, Path]] = []
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "moved.json"
+
+    def start(self) -> None:
+        _clear(self.root)
+        self.root.mkdir(parents=True)
+        (self.root / MARKER).touch()
+
+    def move(self, original: Path, i: int) -> bool:
+        kept = self.root / str(i) / original.name
+        self.manifest.write_text(json.dumps([[str(a), str(b)] for a, b in [*self.moved, (original, kept)]]))
+        if not move_aside(original, kept):
+            self._write()
+            return False
+        self.moved.append((original, kept))
+        return True
+
+    def _write(self) -> None:
+        if self.moved:
+            self.manifest.write_text(json.dumps([[str(a), str(b)] for a, b in self.moved]))
+        else:
+            self.manifest.unlink(missing_ok=True)
+
+    @classmethod
+    def recover(cls, root: Path, stranded: Path) -> list[str]:
+        """Put back what a check killed before its restore left under `root` (listed in its manifest); a file the
+        job's path holds now (the reference's, or one written since) is kept under `stranded`, never deleted.
+        Returns what was put back."""
+        manifest = root / "moved.json"
+        try:
+            pairs = [(Path(a), Path(b)) for a, b in json.loads(manifest.read_text())]
+        except (OSError, ValueError, TypeError):
+            return []
+        put_back = []
+        for i, (original, kept) in enumerate(pairs):
+            if not (kept.exists() or kept.is_symlink()):
+                continue
+            if original.exists() or original.is_symlink():
+                aside = stranded / str(i) / original.name
+                aside.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(original), str(aside))
+            original.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(kept), str(original))
+            put_back.append(str(original))
+        manifest.unlink(missing_ok=True)
+        return put_back
+
+
+class Stash(Aside):
     """The neuron run's files, moved aside while the reference runs (it may write the same paths, or resume
     from them), then put back: what is left on disk after a check is the neuron run's. The reference's
-    versions are kept under <out>/reference-files."""
+    versions are kept under <out>/reference-files. Only regular files and folders are moved (a copy of at most
+    STASH_COPY_LIMIT bytes across filesystems); what could not be moved is listed in `not_hidden`."""
 
     def __init__(self, out_dir: Path) -> None:
-        self.root = (out_dir / "neuron-files").resolve()
+        super().__init__(out_dir / "neuron-files")
         self.ref_root = (out_dir / "reference-files").resolve()
-        self.moved: list[tuple[Path, Path]] = []
         self.aside: dict[Path, Path] = {}  # an original path -> where the reference's version of it now is
+        self.not_hidden: list[str] = []
 
     def reference_copy(self, path: str) -> str | None:
         """Where the reference run's version of `path` (a file or a file in a moved folder) was put aside."""
@@ -486,22 +592,17 @@ class Stash:
         return None
 
     def hide(self, paths: list[str]) -> None:
-        for d in (self.root, self.ref_root):
-            _clear(d)
-            d.mkdir(parents=True)
-            (d / MARKER).touch()
+        self.start()
+        _clear(self.ref_root)
+        self.ref_root.mkdir(parents=True)
+        (self.ref_root / MARKER).touch()
         # An HF directory holds files that are items too: move the directory, not its files one by one.
         dirs = [Path(p) for p in paths if Path(p).is_dir()]
         for i, p in enumerate(sorted({Path(p) for p in paths})):
             if not p.exists() or any(d != p and d in p.parents for d in dirs):
                 continue
-            target = self.root / str(i) / p.name
-            target.parent.mkdir(parents=True)
-            try:
-                shutil.move(str(p), str(target))
-            except OSError:
-                continue
-            self.moved.append((p, target))
+            if not self.move(p, i):
+                self.not_hidden.append(str(p))
 
     def restore(self) -> None:
         for i, (original, kept) in enumerate(self.moved):
@@ -513,6 +614,7 @@ class Stash:
             original.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(kept), str(original))
         self.moved = []
+        self._write()
 
 
 # ------------------------------------------------------------------ the API
@@ -522,7 +624,11 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
     the report of what was seen until then as its ``doc`` (``interrupted`` set)."""
     cfg.validate()
     cfg.out_dir = Path(cfg.out_dir)
-    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    except (OSError, RecursionError) as e:
+        raise ValueError(f"--out {str(cfg.out_dir)[:80]}: cannot be made ({type(e).__name__}: "
+                         f"{getattr(e, 'strerror', None) or e}); give another folder") from None
     for name in ("neuron", "neuron-logs", "reference", "reference-logs", "neuron-files", "reference-files",
                  "previous-outputs"):
         d = cfg.out_dir / name  # refuse before anything runs
@@ -530,8 +636,13 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
             _clear(d)
     deadline = time.monotonic() + cfg.timeout
     command, reference = job_commands(cfg)
+    recovered = recover_stranded(cfg.out_dir)  # a check killed (SIGKILL) before it put the job's files back
+    inputs = _input_states(cfg.checkpoints)  # --checkpoint paths that exist before the job runs: read, not written
     previous = Previous(cfg.out_dir)
     previous.hide()  # both runs start from the same state: neither sees what the last check's job wrote
+    job_dir = Path(cfg.cwd or ".").resolve()
+    before = listing(job_dir, cfg.out_dir.resolve())
+    created: list[str] = []
     started = time.time()
     neuron: Side | None = None
     ref: Side | None = None
@@ -542,6 +653,10 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
             neuron = run_side("neuron", launcher_argv(command, cfg.nproc_per_node, (cfg.out_dir / "neuron-logs")),
                               cfg, deadline)
             items = find_checkpoints(neuron, cfg, started)
+            created = created_paths(before, listing(job_dir, cfg.out_dir.resolve()))
+            for item in items:
+                if item["path"] in inputs and _state(Path(item["path"])) == inputs[item["path"]]:
+                    item["input"] = True  # loaded on CPU; never moved, never recorded as the job's output
             if reference is None:
                 skipped = "no reference"
             elif neuron.timed_out:
@@ -550,20 +665,25 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
                 nproc = cfg.nproc_per_node if cfg.reference_nproc_per_node == -1 else (
                     cfg.reference_nproc_per_node or None)
                 stash = Stash(cfg.out_dir)
-                stash.hide([i["path"] for i in items if not i.get("buffer") and not i["path"].startswith(
-                    str(cfg.out_dir.resolve()) + os.sep)])
+                stash.hide([*_outputs(items, cfg), *created])
                 ref_started = time.time()
                 try:
                     ref = run_side("reference", launcher_argv(reference, nproc, cfg.out_dir / "reference-logs"),
                                    cfg, deadline)
                 finally:
                     stash.restore()
+                for item in items:
+                    if item["path"] in stash.not_hidden:
+                        item["not_hidden"] = True
                 for item in items:  # the reference's version of each checkpoint, kept aside, to compare with
                     item["reference"] = stash.reference_copy(item["path"])
-                    item["reference_expected"] = not item.get("buffer")
+                    item["reference_expected"] = not item.get("buffer") and not item.get("input")
                 pair_reference_files(items, find_checkpoints(ref, cfg, ref_started))
+                identical = verdicts.identical_parameters(neuron, ref)
                 for item in items:
                     item["reference_steps"] = reference_steps(ref, item)
+                    if identical and isinstance(item.get("trained"), dict):
+                        item["trained"] = {**item["trained"], "identical_runs": True}
             loaded = load_on_cpu(items, verdicts.PROBE_IDS, deadline, cfg.thresholds)
             for item in items:
                 item["loaded"] = loaded.get(item["path"], {"ok": False, "error": "not loaded"})
@@ -575,7 +695,8 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
         elif side is not None and side is not neuron:
             ref = side
         for item in items:
-            item.setdefault("loaded", {"ok": False, "error": "not loaded: the check was interrupted"})
+            item.setdefault("loaded", {"ok": False, "interrupted": True, "error": "not loaded: the check was "
+                                       "interrupted"})
         if skipped is None and reference is not None and ref is None:  # it had one; the interrupt came first
             skipped = "the check was interrupted before it ran"
         e.doc = verdicts.judge(cfg, neuron, ref, items, reference_skipped=skipped)  # type: ignore[attr-defined]
@@ -584,10 +705,29 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
         previous.restore()
         raise
     previous.restore()
-    previous.record([i["path"] for i in items if not i.get("buffer") and not i["path"].startswith(
-        str(cfg.out_dir.resolve()) + os.sep)])
+    previous.record([*_outputs(items, cfg), *created])
     doc = verdicts.judge(cfg, neuron, ref, items, reference_skipped=skipped)
     doc["hidden_previous_outputs"] = [str(p) for p in previous.hidden]
+    notes = doc["layers"]["correctness"]["evidence"]
+    if recovered:
+        notes.append({"verdict": "info", "check": "stranded_files", "message": "a previous check with this --out "
+                      "was killed before it put the job's files back; they were put back now (" +
+                      ", ".join(recovered[:5]) + f"); what stood in their place is kept under "
+                      f"{cfg.out_dir / STRANDED}"})
+    others = sorted(set(created) - {i["path"] for i in items})
+    if others and ref is not None:
+        notes.append({"verdict": "info", "check": "created_files", "message": "what the neuron run created in the "
+                      f"job's folder ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}) was moved aside "
+                      "while the reference ran, so it started from the same state, then put back"})
+    elif before is None and ref is not None:
+        notes.append({"verdict": "info", "check": "created_files", "message": f"the job's folder {job_dir} holds "
+                      f"over {LISTING_LIMIT} entries: only the checkpoints the job wrote were moved aside while the "
+                      "reference ran; other files the neuron run created there were not (docs/check.md)"})
+    inputs_seen = [i["path"] for i in items if i.get("input")]
+    if inputs_seen:
+        notes.append({"verdict": "info", "check": "checkpoint_inputs", "message": "--checkpoint paths that existed "
+                      f"before the job and that it did not change ({', '.join(inputs_seen[:5])}) were read as its "
+                      "inputs: loaded on CPU, left in place for both runs, not recorded as its outputs"})
     if previous.hidden:
         doc["layers"]["correctness"]["evidence"].append(
             {"verdict": "info", "check": "previous_outputs", "message": "the files the previous check's job wrote "
@@ -596,36 +736,94 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
     return doc
 
 
-class Previous:
+STRANDED = "stranded-files"  # <out>/stranded-files: what stood where a killed check's files were put back
+
+
+def recover_stranded(out_dir: Path) -> list[str]:
+    """Put back the job's files a killed check left moved aside (<out>/neuron-files, <out>/previous-outputs),
+    before anything is cleared; said on stderr and in the report."""
+    put_back: list[str] = []
+    for name in ("neuron-files", "previous-outputs"):
+        root = out_dir / name
+        if (root / MARKER).exists():
+            put_back += Aside.recover(root.resolve(), (out_dir / STRANDED / name).resolve())
+    if put_back:
+        print(f"torch-neuronx check: a previous check was killed before it put the job's files back; put back: "
+              f"{', '.join(put_back[:5])}", file=sys.stderr)
+    return put_back
+
+
+LISTING_LIMIT = 20000  # entries of the job's folder listed, at most (it may be a home)
+LISTING_SKIPPED = ("__pycache__",)
+
+
+def listing(root: Path, out_dir: Path, max_depth: int = 4) -> set[str] | None:
+    """Every file and folder under `root` (its --out excluded, folders `max_depth` deep listed but not entered);
+    None when there are more than LISTING_LIMIT: compared before and after the neuron run, it says what the run
+    created (:func:`created_paths`)."""
+    found: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        depth = len(here.relative_to(root).parts)
+        dirnames[:] = [d for d in dirnames if here / d != out_dir and d not in LISTING_SKIPPED]
+        found.update(str(here / name) for name in [*dirnames, *filenames])
+        if depth >= max_depth:
+            dirnames[:] = []
+        if len(found) > LISTING_LIMIT:
+            return None
+    return found
+
+
+def created_paths(before: set[str] | None, after: set[str] | None) -> list[str]:
+    """The topmost files and folders in `after` but not in `before` (a new folder stands for what it holds);
+    nothing when either listing was cut short (a folder listed in one and not the other would look new)."""
+    if before is None or after is None:
+        return []
+    new = after - before
+    return sorted(p for p in new if not any(str(parent) in new for parent in Path(p).parents))
+
+
+def _state(p: Path) -> tuple[int, int, int, int] | None:
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _input_states(paths: list[str]) -> dict[str, tuple[int, int, int, int]]:
+    """--checkpoint paths that exist before the job runs, with what identifies their content (device, inode, size,
+    mtime): those the job leaves unchanged are its inputs (a pretrained file it reads)."""
+    states = {str(Path(p).resolve()): _state(Path(p)) for p in paths}
+    return {p: st for p, st in states.items() if st is not None}
+
+
+def _outputs(items: list[dict[str, Any]], cfg: CheckConfig) -> list[str]:
+    """The checkpoint paths the job wrote (moved aside for the reference, recorded in outputs.json): not a buffer,
+    not an input it only read, not the checker's own files."""
+    out = str(cfg.out_dir.resolve()) + os.sep
+    return [i["path"] for i in items if not i.get("buffer") and not i.get("input") and not i["path"].startswith(out)]
+
+
+class Previous(Aside):
     """What the job wrote in the previous check with this --out (listed in <out>/outputs.json): hidden from
     both runs while they run, so that a job that resumes from its own output starts fresh on both sides, then
     put back where the job did not write them again."""
 
     def __init__(self, out_dir: Path) -> None:
-        self.manifest = (out_dir / "outputs.json").resolve()
-        self.root = (out_dir / "previous-outputs").resolve()
+        super().__init__(out_dir / "previous-outputs")
+        self.outputs = (out_dir / "outputs.json").resolve()
         self.hidden: list[Path] = []
-        self.moved: list[tuple[Path, Path]] = []
 
     def hide(self) -> None:
         try:
-            paths = [Path(p) for p in json.loads(self.manifest.read_text())]
+            paths = [Path(p) for p in json.loads(self.outputs.read_text())]
         except (OSError, ValueError, TypeError):
             return
-        _clear(self.root)
-        self.root.mkdir(parents=True)
-        (self.root / MARKER).touch()
+        self.start()
         for i, p in enumerate(paths):
-            if not p.exists():
-                continue
-            target = self.root / str(i) / p.name
-            target.parent.mkdir(parents=True)
-            try:
-                shutil.move(str(p), str(target))
-            except OSError:
-                continue
-            self.moved.append((p, target))
-            self.hidden.append(p)
+            if p.exists() and self.move(p, i):
+                self.hidden.append(p)
 
     def restore(self) -> None:
         for original, kept in self.moved:
@@ -633,6 +831,7 @@ class Previous:
                 original.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(kept), str(original))
         self.moved = []
+        self._write()
 
     def record(self, paths: list[str]) -> None:
-        self.manifest.write_text(json.dumps(sorted(set(paths))))
+        self.outputs.write_text(json.dumps(sorted(set(paths))))

@@ -117,6 +117,26 @@ def _why_random(neuron: Side, ref: Side | None) -> str:
             ", or compare with the random ops off (model.eval(), p=0)")
 
 
+def identical_parameters(neuron: Side, ref: Side | None) -> bool:
+    """Whether both runs' live parameters were the same at every optimizer step: the same ranks, each with the
+    same, non-empty list of per-step parameter digests (a hash of every tensor's norm, tools/check/probe.py). Then
+    the runs did not diverge, and an optimizer's allowance (which covers rounding two diverging runs amplify) has
+    nothing to cover: a checkpoint that differs from the reference's was changed when it was written."""
+    if ref is None or not neuron.ranks or set(neuron.ranks) != set(ref.ranks):
+        return False
+    for rank, run in neuron.ranks.items():
+        mine = [st.get("params") for st in run.steps]
+        theirs = [st.get("params") for st in ref.ranks[rank].steps]
+        if not mine or len(mine) != len(theirs):
+            return False
+        for a, b in zip(mine, theirs, strict=True):
+            if not isinstance(a, dict) or not isinstance(b, dict) or not a.get("digest") or not a.get("n") or \
+                    (a.get("digest"), a.get("n"), a.get("structure")) != (b.get("digest"), b.get("n"),
+                                                                          b.get("structure")):
+                return False
+    return True
+
+
 def norm_allowance(trained: dict[str, Any] | None) -> float:
     """How far the norm of all trained parameters may differ between two correct runs of a normalising optimizer:
     |norm(a) - norm(b)| <= norm(a - b) <= sqrt(sum over tensors of numel x allowance^2), each element within its
@@ -153,6 +173,10 @@ def _against_reference(layer: Layer, neuron: Side, ref: Side | None, th: Thresho
     if ref is None:
         layer.add("warn", "reference", "no reference run: put {device} in the command (cpu is substituted) or "
                   "give --reference -- CMD, to compare losses and outputs")
+        return
+    if ref.interrupted:  # the checker killed it: not the reference's failure (rv29c defect 9)
+        layer.add("warn", "reference", f"reference skipped: the check was interrupted ({ref.interrupted} while the "
+                  "reference ran); nothing was compared")
         return
     bad_ranks = [r for r, run in ref.ranks.items() if run.status != "ok"] or ([] if ref.ranks else [0])
     if ref.timed_out or bad_ranks:
@@ -276,6 +300,10 @@ def _checkpoints(layer: Layer, neuron: Side, items: list[dict[str, Any]]) -> Non
     records = {k: v for run in neuron.ranks.values() for k, v in run.records.items()}
     for item in items:
         path, got = item["path"], item["loaded"]
+        if got.get("interrupted"):  # never tried: not evidence against the file (rv29c defect 9)
+            layer.add("info", "checkpoint", f"{path} was not loaded on CPU: the check was interrupted first",
+                      path=path)
+            continue
         if not got.get("ok") and got.get("pickled_object"):
             layer.add("info", "checkpoint", f"{path} pickles Python objects (weights_only=True refuses it) that do "
                       f"not unpickle on CPU without torch_neuronx: {got.get('error')}. Not a checkpoint of weights "
@@ -336,6 +364,12 @@ def _checkpoints(layer: Layer, neuron: Side, items: list[dict[str, Any]]) -> Non
                 if item.get("reference_paired") else ""
             note += (f"; it matches the reference run's version{paired}: the same {versus['compared']} keys, shapes "
                      f"and dtypes, values within tolerance{worst}")
+        elif item.get("not_hidden"):  # the reference may have overwritten it: said, never compared or passed
+            layer.add("warn", "checkpoint", f"{shown} loads on CPU in a fresh process without torch_neuronx and "
+                      f"{same}{note}, but it could not be moved aside while the reference ran (not a regular file "
+                      "or folder, or over the checker's copy limit on another filesystem): what is left may be the "
+                      "reference's; nothing was compared", path=path)
+            continue
         elif item.get("reference_expected"):  # loads, but nothing was compared: a warning, never a pass
             layer.add("warn", "checkpoint", f"{shown} loads on CPU in a fresh process without torch_neuronx and "
                       f"{same}{note}, but it was not compared: the reference run wrote no version of it (at the "
@@ -406,6 +440,33 @@ def _bound_words(w: dict[str, Any], versus: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------ compilation
+# Graph breaks PyTorch's DistributedDataParallel makes itself under torch.compile: its Logger's runtime stats
+# and its forward's bookkeeping, which Dynamo does not trace (torch/nn/parallel/distributed.py); not the job's.
+TORCH_OWN_BREAKS = ("set_runtime_stats_and_log", "DistributedDataParallel.")
+
+
+def _one_reason(reason: str) -> str:
+    """Dynamo's graph-break paragraph as one line: its first line and its explanation, at most 200 characters."""
+    lines = [ln.strip() for ln in str(reason).splitlines() if ln.strip()]
+    why = next((ln.removeprefix("Explanation:").strip() for ln in lines if ln.startswith("Explanation:")), "")
+    return " ".join(f"{lines[0] if lines else ''}: {why}".split()).strip(": ")[:200]
+
+
+def _graph_breaks(layer: Layer, rank: int, breaks: dict[str, Any]) -> None:
+    """Graph breaks in the job's code warn, each reason on one line; those inside DDP's own code are said as
+    info (rv29c defect 10)."""
+    reasons = list(breaks.get("reasons") or {})
+    own = [r for r in reasons if any(k in r for k in TORCH_OWN_BREAKS)]
+    theirs = [r for r in reasons if r not in own]
+    if theirs or not reasons:
+        shown = "; ".join(_one_reason(r) for r in theirs[:3])
+        layer.add("warn", "graph_breaks", f"rank {rank}: {breaks['count']} graph break(s)" +
+                  (f": {shown}" if shown else "") + (f" (and {len(own)} inside DDP's own code)" if own else ""),
+                  rank=rank, reasons=theirs[:10])
+    else:
+        layer.add("info", "graph_breaks", f"rank {rank}: {breaks['count']} graph break(s), all inside PyTorch's "
+                  "DistributedDataParallel (its own bookkeeping, which Dynamo does not trace), not in the job's "
+                  f"code: {'; '.join(_one_reason(r) for r in own[:3])}", rank=rank, reasons=own[:10])
 def compilation(neuron: Side, th: Thresholds) -> Layer:
     layer = Layer()
     from torch_neuronx.compile.bucketing import propose_buckets
@@ -433,8 +494,7 @@ def compilation(neuron: Side, th: Thresholds) -> Layer:
                           observed_lengths=sorted(set(lengths)))
         breaks = ((run.end or {}).get("compile") or {}).get("graph_breaks") or {}
         if breaks.get("count"):
-            layer.add("warn", "graph_breaks", f"rank {rank}: {breaks['count']} graph break(s): "
-                      f"{list(breaks.get('reasons', {}))[:3]}", rank=rank)
+            _graph_breaks(layer, rank, breaks)
         fallbacks: dict[str, int] = {}
         for s in run.steps:
             for op, n in s.get("fallbacks", {}).items():
@@ -715,12 +775,21 @@ def _who_hung(layer: Layer, neuron: Side) -> None:
     if not stuck:
         return
     text = "; ".join(f"rank {r} {places[r]['text']}" for r in stuck)  # type: ignore[index]
-    waited = (f"; rank(s) {waiting} waited for it in a collective (on hardware they would wait forever): "
+    why = "waited for it in a collective (on hardware they would wait forever)" if neuron.timed_out else \
+        "were in a collective"
+    waited = (f"; rank(s) {waiting} {why}: "
               + "; ".join(f"rank {r} {places[r]['text']}" for r in waiting)) if waiting else ""  # type: ignore[index]
-    how = "at the deadline" if neuron.timed_out else f"on {neuron.interrupted}"
+    if neuron.timed_out:
+        what = f"rank(s) {stuck} hung in the job's own code when the job was killed at the deadline"
+    else:  # the checker was stopped: the ranks were running, not hung (rv29c defect 9)
+        what = f"rank(s) {stuck} were in the job's own code when the checker killed the job on {neuron.interrupted}"
     layer.evidence.insert(0, {"verdict": "fail" if neuron.timed_out else "info", "check": "hang",
-                              "message": f"rank(s) {stuck} hung in the job's own code when the job was killed {how}:"
-                                         f" {text}{waited}", "stuck": stuck, "waiting": waiting})
+                              "message": f"{what}: {text}{waited}", "stuck": stuck, "waiting": waiting})
+
+
+def _one_line(command: Any, limit: int) -> str:
+    """A process's command line on one line (a `python -c` script spans many), cut to `limit` characters."""
+    return " ".join(str(command).split())[:limit]
 
 
 def _leftovers(layer: Layer, neuron: Side) -> None:
@@ -728,7 +797,7 @@ def _leftovers(layer: Layer, neuron: Side) -> None:
     checker's guardian killed them; on a Trainium host they would hold the cores the next job needs."""
     left = [k for k in neuron.killed if k.get("when") == "left running"]
     if left:
-        shown = "; ".join(f"pid {k['pid']}: {str(k['command'])[:160]}" for k in left[:8])
+        shown = "; ".join(f"pid {k['pid']}: {_one_line(k['command'], 160)}" for k in left[:8])
         layer.add("warn", "leftover_processes", f"the job left {len(left)} process(es) running after it ended; "
                   f"the checker killed them: {shown}. Stop or wait for the processes a job starts (on a Trainium "
                   "host a leftover process can hold the NeuronCores the next job needs)", processes=left)
@@ -737,7 +806,8 @@ def _leftovers(layer: Layer, neuron: Side) -> None:
         why = "at the deadline" if neuron.timed_out else f"on {neuron.interrupted}" if neuron.interrupted else \
             "when the check stopped"
         layer.add("info", "killed", f"{len(stopped)} process(es) of the job were killed {why}: "
-                  + "; ".join(f"pid {k['pid']}: {str(k['command'])[:120]}" for k in stopped[:8]), processes=stopped)
+                  + "; ".join(f"pid {k['pid']}: {_one_line(k['command'], 120)}" for k in stopped[:8]),
+                  processes=stopped)
 
 
 def _leak(layer: Layer, rank: int, run: Any, min_steps: int = 4) -> None:
@@ -770,7 +840,7 @@ def _first_stop(layer: Layer, neuron: Side) -> None:
     torchrun's record), how it stopped, and its log tail; the others' errors are usually its consequences
     ("Connection closed by peer")."""
     ranks = neuron.ranks
-    if len(ranks) < 2 or neuron.timed_out:
+    if len(ranks) < 2 or neuron.timed_out or neuron.interrupted:  # killed by the checker: no rank stopped first
         return
     bad = [r for r, run in ranks.items() if run.status != "ok"] + [r for r in neuron.exits if r in ranks]
     # a rank that finished normally is a suspect (it may have left its peers' collective) unless a failed rank
