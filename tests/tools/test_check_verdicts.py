@@ -338,6 +338,13 @@ def test_checkpoint_keys_are_matched_to_the_optimizers_parameters() -> None:
     assert allowance("body.0.weight", [8, 16], trained)[0] == 0.0  # its parameter, another shape
     assert allowance("embedding", [3, 3], trained)[0] == 0.0
     assert allowance("body.0.weight", [16, 8], None)[0] == 0.0
+    # rv29d: `model.enc.state_dict()` saves `weight`; enc is frozen, dec (same shape) trained: ambiguous, tight bound
+    both = {**trained, "untouched": ["enc.weight"],
+            "params": [{"names": ["dec.weight"], "shape": [4, 4], "steps": 3, "allowance": 0.16, "lr": [0.01]}]}
+    allowed, how, _ = allowance("weight", [4, 4], both)
+    assert allowed == 0.0 and "ambiguous" in how
+    assert allowance("dec.weight", [4, 4], both)[:2] == (0.16, "by name and shape")  # its own name: trained
+    assert allowance("enc.weight", [4, 4], both)[0] == 0.0
 
 
 def test_the_norm_check_allows_what_the_optimizer_allows() -> None:

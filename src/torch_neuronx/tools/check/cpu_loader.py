@@ -85,11 +85,18 @@ def allowance(key: str, shape: list[int], trained: dict[str, Any] | None) -> tup
     if trained.get("identical_runs"):  # tools/check/verdicts.py identical_parameters
         return 0.0, IDENTICAL_RUNS, None
     params = trained["params"]
+    exact = [p for p in params if p["shape"] == shape and any(_plain(key) == _plain(n) for n in p["names"])]
+    if exact:
+        best = max(exact, key=lambda p: p["allowance"])
+        return best["allowance"], "by name and shape", best
+    untouched = any(_same_name(key, n) for n in trained.get("untouched", []))
     by_name = [p for p in params if p["shape"] == shape and any(_same_name(key, n) for n in p["names"])]
+    if by_name and untouched:  # `weight` of model.enc.state_dict(): the frozen enc.weight or the trained dec.weight
+        return 0.0, "its key is the ending of both a trained and an untouched parameter's name (ambiguous)", None
     if by_name:
         best = max(by_name, key=lambda p: p["allowance"])
         return best["allowance"], "by name and shape", best
-    if any(_same_name(key, n) for n in trained.get("untouched", [])):
+    if untouched:
         return 0.0, "a parameter the optimizer never updated, or a buffer", None
     if any(_same_name(key, n) for p in params for n in p["names"]):
         return 0.0, "its parameter has another shape", None
