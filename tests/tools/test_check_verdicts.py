@@ -267,11 +267,13 @@ def _updates(cls: Any, grads: list[float], **kwargs: Any) -> list[float]:
 @pytest.mark.parametrize("name,kind,kwargs", [
     ("Adam", "adam", {}), ("AdamW", "adam", {"weight_decay": 0.0}), ("Adam", "adam", {"amsgrad": True}),
     ("Adamax", "adamax", {}), ("NAdam", "nadam", {}), ("RAdam", "radam", {}), ("Adagrad", "adagrad", {}),
-    ("RMSprop", "rmsprop", {}), ("RMSprop", "rmsprop", {"momentum": 0.5})])
+    ("RMSprop", "rmsprop", {}), ("RMSprop", "rmsprop", {"momentum": 0.5}), ("Rprop", "rprop", {}),
+    ("Rprop", "rprop", {"step_sizes": (1e-6, 0.02)})])
 def test_each_families_bound_holds_for_pytorchs_updates(name: str, kind: str, kwargs: dict[str, Any]) -> None:
     # The bound is derived, not measured (tools/check/optimizers.py): PyTorch's own optimizer, fed gradient
     # sequences built to make its update large (a spike after tiny gradients, a sign flip, growing gradients, the
     # Cauchy-Schwarz sequence), never moves an element further than step_bound says at any step.
+    import inspect
     import random
 
     import torch
@@ -287,7 +289,8 @@ def test_each_families_bound_holds_for_pytorchs_updates(name: str, kind: str, kw
     defaults = cls([torch.nn.Parameter(torch.zeros(1))], lr=lr, **kwargs).param_groups[0]
     assert optimizers.family(cls([torch.nn.Parameter(torch.zeros(1))], lr=lr)) == (name, kind)
     for grads in sequences:
-        for t, moved in enumerate(_updates(cls, grads, lr=lr, eps=1e-12, **kwargs), start=1):
+        eps = {"eps": 1e-12} if "eps" in inspect.signature(cls).parameters else {}  # Rprop has none
+        for t, moved in enumerate(_updates(cls, grads, lr=lr, **eps, **kwargs), start=1):
             bound = optimizers.step_bound(kind, defaults, t)
             if kind == "radam" and bound == 0.0:
                 continue  # RAdam's first steps are lr x m_hat, linear in the gradient as SGD's: no allowance
@@ -314,6 +317,11 @@ def test_adams_bound_is_reached_and_sgd_keeps_the_tight_bound() -> None:
     p = torch.nn.Parameter(torch.zeros(1))
     assert optimizers.family(torch.optim.SGD([p], lr=0.1)) == ("SGD", "sgd")
     assert optimizers.step_bound("sgd", {"lr": 0.1}, 5) == 0.0
+    # Rprop (rv29d #7): a gradient of one sign grows the step by etaplus each step, up to step_sizes[1]
+    rprop = {"lr": 0.01, "etas": (0.5, 1.2), "step_sizes": (1e-6, 50)}
+    for t, moved in enumerate(_updates(torch.optim.Rprop, [1.0] * 6, lr=0.01), start=1):
+        assert moved == pytest.approx(optimizers.step_bound("rprop", rprop, t), rel=1e-9)
+    assert optimizers.step_bound("rprop", rprop, 10**6) == 50.0
     wrapper = type("Wrapper", (), {"optim": torch.optim.AdamW([p])})()  # as ZeroRedundancyOptimizer holds its own
     assert optimizers.family(wrapper) == ("AdamW", "adam")
     assert optimizers.describe("AdamW", "adam", 3, [0.01, 0.01], 0.06) == "AdamW: 3 steps at lr 0.01: allowance 0.06"

@@ -24,6 +24,8 @@ multiplies both runs' weights by the same factor <= 1, which does not widen thei
   Centred RMSprop (its denominator can approach 0) and Adadelta have no bound: their tensors are not compared by
   value (said as a warning).
 - Lion and other sign optimizers: |update| = lr.
+- Rprop: |update| = the element's step size, which starts at lr, grows by at most etaplus a step and is capped
+  at step_sizes[1]: min(step_sizes[1], lr x etaplus^(t-1)) at step t.
 - Any other optimizer whose class name holds "adam" (FusedAdam, AdamW8bit, PagedAdamW): Adam's c_t with its
   group's betas (their update assumed to be Adam's).
 - SGD, ASGD, LBFGS and unknown optimizers: 0, the tight bound (an unknown one is named in a failure's evidence).
@@ -58,7 +60,7 @@ def unwrap(optimizer: Any) -> Any:
 
 def family(optimizer: Any) -> tuple[str, str]:
     """(the optimizer's class name, the update family its allowance follows: adam, adamax, nadam, radam, adagrad,
-    rmsprop, sign, unbounded, sgd, or unknown)."""
+    rmsprop, sign, rprop, unbounded, sgd, or unknown)."""
     name = type(unwrap(optimizer)).__name__
     lower = name.lower()
     for key in ("adamax", "nadam", "radam", "adagrad", "rmsprop"):
@@ -70,6 +72,8 @@ def family(optimizer: Any) -> tuple[str, str]:
         return name, "unbounded"
     if "lion" in lower:
         return name, "sign"
+    if name == "Rprop":
+        return name, "rprop"
     if name in SGD_LIKE:
         return name, "sgd"
     return name, "unknown"
@@ -105,6 +109,13 @@ def step_bound(kind: str, group: dict[str, Any], t: int) -> float:
         return lr * sum(mu ** j for j in range(t)) / math.sqrt(1 - alpha) if alpha < 1 else math.inf
     if kind == "sign":
         return lr
+    if kind == "rprop":
+        etaplus = _number((group.get("etas") or (0.5, 1.2))[1], 1.2)
+        largest = _number((group.get("step_sizes") or (1e-6, 50))[1], 50.0)
+        if lr <= 0 or etaplus <= 1:
+            return min(lr, largest)
+        grown = (t - 1) * math.log(etaplus) + math.log(lr)  # in logs: etaplus^t overflows a float for long runs
+        return largest if grown >= math.log(largest) else math.exp(grown)
     if kind == "unbounded":
         return math.inf
     return 0.0
