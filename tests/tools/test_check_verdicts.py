@@ -502,3 +502,35 @@ def test_only_regular_files_of_bounded_size_are_moved_aside(tmp_path: Path) -> N
         assert not move_aside(small, Path(other) / "w.pt", limit=50) and small.stat().st_size == 100
         assert move_aside(small, Path(other) / "w.pt", limit=1000) and not small.exists()
         assert (Path(other) / "w.pt").stat().st_size == 100
+
+
+def test_every_optimizer_gives_its_own_parameters_its_allowance(tmp_path: Any) -> None:
+    # rv29d #1: SGD on a body stepped first, Adam on a head: the head's tensors get Adam's allowance, the body's
+    # keep SGD's tight bound, and the evidence names each tensor's own optimizer (not the first one stepped).
+    import torch
+
+    from torch_neuronx.tools.check import optimizers
+    from torch_neuronx.tools.check.cpu_loader import allowance
+    from torch_neuronx.tools.check.probe import Probe
+
+    probe = Probe(str(tmp_path / "ev"))
+    body, head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+    sgd, adam = torch.optim.SGD(body.parameters(), lr=0.1), torch.optim.Adam(head.parameters(), lr=0.01)
+    for _ in range(3):
+        for p in (*body.parameters(), *head.parameters()):
+            p.grad = torch.ones_like(p)
+        for opt in (sgd, adam):
+            probe.before_optimizer_step(opt, (), {})
+            opt.step()
+            probe.on_optimizer_step(opt, (), {})
+    trained = probe.trained()
+    assert trained["optimizer"] == "SGD + Adam" and trained["family"] == "mixed" and trained["steps"] == 3
+    by_family = {p["family"]: p for p in trained["params"] if p["shape"] == [2, 4] or p["shape"] == [4, 4]}
+    assert by_family["sgd"]["allowance"] == 0.0 and by_family["sgd"]["optimizer"] == "SGD"
+    adam_bound = 2 * sum(optimizers.step_bound("adam", {"lr": 0.01}, t) for t in (1, 2, 3))
+    assert by_family["adam"]["allowance"] == pytest.approx(adam_bound) and by_family["adam"]["steps"] == 3
+    assert allowance("w", [2, 4], trained)[0] == pytest.approx(adam_bound)  # the head's weight, by shape
+    assert allowance("w", [4, 4], trained)[0] == 0.0  # the body's, SGD's
+    words = verdicts._allowance_words({"optimizer": {"optimizer": trained["optimizer"], "family": "mixed"}},
+                                      {**by_family["adam"], "allowance": adam_bound})
+    assert words.startswith("Adam: 3 steps at lr 0.01")

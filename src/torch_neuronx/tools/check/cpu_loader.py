@@ -147,6 +147,7 @@ def compare(mine: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor], rtol
                      "beyond_tight": int((diff > tight).sum()), "numel": int(a.numel())}
             if param is not None:
                 extra.update(steps=param["steps"], lr=param["lr"])
+                extra.update({k: param[k] for k in ("optimizer", "family") if k in param})
         else:
             distance = float((a.long() != b.long()).sum()) if a.dtype != torch.bool else float((a != b).sum())
             bound = 0.0

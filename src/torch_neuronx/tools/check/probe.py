@@ -134,7 +134,8 @@ class Probe:
         # what the tracked optimizer did to each parameter (tools/check/optimizers.py): id -> [weakref, steps,
         # allowance, lowest lr, highest lr, names, shape]; the allowance a checkpoint's tensor is compared with
         self._trained: dict[int, list[Any]] = {}
-        self._optimizer_kind: tuple[str, str] | None = None
+        self._optimizer_kind: tuple[str, str] | None = None  # the first optimizer stepped: (class name, family)
+        self._kinds: dict[int, tuple[str, str]] = {}  # every optimizer stepped (a job may have several): id -> that
         self._tracked_steps = 0  # steps of the tracked optimizer, markers or not: when each checkpoint was saved
         self._dcp_saved: set[tuple[str, int]] = set()
         self._untouched: list[str] = []
@@ -199,11 +200,10 @@ class Probe:
             return  # step ends the step, after its own parameter sync
         if self._optimizer is None:
             self._optimizer = id(optimizer)
-        if id(optimizer) == self._optimizer:
-            try:
-                self._track(optimizer)
-            except Exception as e:  # never raised into the job
-                self.emit("probe_error", where="optimizer", message=f"{type(e).__name__}: {e}")
+        try:  # every optimizer's parameters get its own family's allowance (SGD on a body, Adam on a head)
+            self._track(optimizer, first=id(optimizer) == self._optimizer)
+        except Exception as e:  # never raised into the job
+            self.emit("probe_error", where="optimizer", message=f"{type(e).__name__}: {e}")
         if self._marker_seen:
             return
         if id(optimizer) == self._optimizer:  # one step per step of the first optimizer (GANs have two)
@@ -214,15 +214,20 @@ class Probe:
                 self._params = {"error": f"{type(e).__name__}: {e}"}
             self.end_step()
 
-    def _track(self, optimizer: torch.optim.Optimizer) -> None:
-        """One step of the tracked optimizer: each parameter it updated (one with a gradient) adds the largest
-        update its family can make at that step to its allowance (tools/check/optimizers.py)."""
+    def _track(self, optimizer: torch.optim.Optimizer, first: bool = True) -> None:
+        """One step of an optimizer: each parameter it updated (one with a gradient) adds the largest update its
+        family can make at that step to its allowance (tools/check/optimizers.py). `first`: the job's first
+        optimizer, whose steps are the steps checkpoints are dated by."""
         from torch_neuronx.tools.check import optimizers
 
-        if self._optimizer_kind is None:
-            self._optimizer_kind = optimizers.family(optimizer)
-        kind = self._optimizer_kind[1]
-        self._tracked_steps += 1
+        named = self._kinds.get(id(optimizer))
+        if named is None:
+            named = self._kinds[id(optimizer)] = optimizers.family(optimizer)
+        if self._optimizer_kind is None and first:
+            self._optimizer_kind = named
+        kind = named[1]
+        if first:
+            self._tracked_steps += 1
         new = False
         for group in optimizer.param_groups:
             lr = optimizers._number(group.get("lr"), 0.0)
@@ -231,7 +236,7 @@ class Probe:
                     continue  # not updated at this step (a frozen or unused parameter)
                 rec = self._trained.get(id(p))
                 if rec is None or rec[0]() is not p:
-                    rec = self._trained[id(p)] = [weakref.ref(p), 0, 0.0, lr, lr, None, list(p.shape)]
+                    rec = self._trained[id(p)] = [weakref.ref(p), 0, 0.0, lr, lr, None, list(p.shape), named]
                     new = True
                 rec[1] += 1
                 rec[2] += 2 * optimizers.step_bound(kind, group, rec[1])
@@ -266,8 +271,13 @@ class Probe:
             return None
         self._name_parameters()
         params = [{"names": rec[5] or [], "shape": rec[6], "steps": rec[1], "allowance": rec[2],
-                   "lr": [rec[3], rec[4]]} for rec in self._trained.values()]  # kept after the model is gone
+                   "lr": [rec[3], rec[4]], "optimizer": rec[7][0], "family": rec[7][1]}
+                  for rec in self._trained.values()]  # kept after the model is gone
         name, kind = self._optimizer_kind
+        others = [k for k in dict.fromkeys(self._kinds.values()) if k != self._optimizer_kind]
+        if others:  # several optimizers: each tensor's entry says which one trained it
+            name = " + ".join([name] + [n for n, _ in others])
+            kind = kind if all(k == kind for _, k in others) else "mixed"
         trained_names = {n for rec in self._trained.values() for n in rec[5] or []}
         return {"optimizer": name, "family": kind, "steps": self._tracked_steps, "params": params,
                 "untouched": [n for n in self._untouched if n not in trained_names]}

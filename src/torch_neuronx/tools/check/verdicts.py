@@ -401,8 +401,10 @@ def _vs_reference(versus: dict[str, Any] | None) -> list[str]:
         k, diff, bound, extra = (versus["values"][0] + [{}])[:4]
         problems.append(f"{len(versus['values'])} tensor(s) differ from the reference's beyond tolerance, the worst "
                         f"{k}: max |difference| {diff:.4g} (bound {_bound_words({'bound': bound, **extra}, versus)})")
-        if not extra.get("allowance") and (versus.get("optimizer") or {}).get("family") == "unknown":
-            problems.append(f"{versus['optimizer']['optimizer']} is an optimizer the checker does not model: if it "
+        if not extra.get("allowance") and (extra.get("family") or (versus.get("optimizer") or {}).get("family")) \
+                == "unknown":
+            unmodelled = extra.get("optimizer") or versus["optimizer"]["optimizer"]
+            problems.append(f"{unmodelled} is an optimizer the checker does not model: if it "
                             "normalises its update (as Adam does), widen --loss-rtol/--loss-atol")
     return problems
 
@@ -415,7 +417,8 @@ def _allowance_words(versus: dict[str, Any], w: dict[str, Any]) -> str:
     if not opt:
         return "no optimizer step was seen"
     lr = w.get("lr") or []
-    return optimizers.describe(opt.get("optimizer") or "?", opt.get("family") or "unknown",
+    return optimizers.describe(w.get("optimizer") or opt.get("optimizer") or "?",  # the tensor's own optimizer
+                               w.get("family") or opt.get("family") or "unknown",
                                w.get("steps", opt.get("steps") or 0), list(lr), w.get("allowance", 0.0))
 
 
@@ -427,7 +430,7 @@ def _bound_words(w: dict[str, Any], versus: dict[str, Any]) -> str:
     tolerance = f"{w['tight']:.3g} (atol + rtol x max|reference|)"
     if not w.get("allowance"):
         opt = versus.get("optimizer") or {}
-        if opt.get("family") in ("sgd", "unknown"):
+        if (w.get("family") or opt.get("family")) in ("sgd", "unknown"):
             return f"{w['bound']:.3g} = {tolerance}, no optimizer allowance: {_allowance_words(versus, w)}"
         why = w.get("matched") or "no optimizer step seen"
         if why == "no optimizer step seen":
