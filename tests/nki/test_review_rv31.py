@@ -23,8 +23,8 @@ RNG = np.random.default_rng(3131)
 # ------------------------------------------------- 1. trn3 accumulates onto PSUM that a non-matmul instruction wrote
 
 
-def _accumulate_onto(stationary, moving, init):  # type: ignore[no-untyped-def]
-    """``init`` ("memset", "copy", "half", "none") fills the PSUM tile, then one matmul with accumulate=True."""
+def _matmul_operands(stationary, moving):  # type: ignore[no-untyped-def]
+    """The kernels' output in HBM and both operands loaded into SBUF (float32)."""
     k, m = stationary.shape
     n = moving.shape[1]
     out = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -32,6 +32,13 @@ def _accumulate_onto(stationary, moving, init):  # type: ignore[no-untyped-def]
     tm = nl.ndarray((k, n), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=ts, src=stationary)
     nisa.dma_copy(dst=tm, src=moving)
+    return out, ts, tm
+
+
+def _accumulate_onto(stationary, moving, init):  # type: ignore[no-untyped-def]
+    """``init`` ("memset", "copy", "half", "none") fills the PSUM tile, then one matmul with accumulate=True."""
+    out, ts, tm = _matmul_operands(stationary, moving)
+    m, n = out.shape
     ps = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.psum)
     if init == "memset":
         nisa.memset(dst=ps, value=5.0)
@@ -190,13 +197,8 @@ def test_affine_select_refuses_non_numeric_immediates(pattern: list, offset: obj
 
 @on("trn2")
 def tiled_matmul(stationary, moving, tile_size):  # type: ignore[no-untyped-def]
-    k, m = stationary.shape
-    n = moving.shape[1]
-    out = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.shared_hbm)
-    ts = nl.ndarray((k, m), dtype=nl.float32, buffer=nl.sbuf)
-    tm = nl.ndarray((k, n), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=ts, src=stationary)
-    nisa.dma_copy(dst=tm, src=moving)
+    out, ts, tm = _matmul_operands(stationary, moving)
+    m, n = out.shape
     ps = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=ps, stationary=ts, moving=tm, tile_position=(0, 0), tile_size=tile_size)
     res = nl.ndarray((m, n), dtype=nl.float32, buffer=nl.sbuf)

@@ -62,13 +62,8 @@ def compiled_dropout_job(device: str) -> None:
         opt.step()
 
 
-def resume_job(device: str, out: str) -> None:
-    """Correct: resumes from its own checkpoint when one exists, trains 2 steps, saves it (checked twice, the
-    second check must not compare a resumed neuron run with a fresh reference)."""
-    model, batches = model_and_data(device)
-    path = os.path.join(out, "ckpt.pt")
-    if os.path.exists(path):
-        model.load_state_dict(torch.load(path))
+def train_two_steps_and_save(model: torch.nn.Module, batches: list[torch.Tensor], path: str) -> None:
+    """Two SGD steps on the first two batches, then the state dict saved as CPU tensors at `path`."""
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for x in batches[:2]:
         opt.zero_grad()
@@ -77,17 +72,22 @@ def resume_job(device: str, out: str) -> None:
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
 
 
+def resume_job(device: str, out: str) -> None:
+    """Correct: resumes from its own checkpoint when one exists, trains 2 steps, saves it (checked twice, the
+    second check must not compare a resumed neuron run with a fresh reference)."""
+    model, batches = model_and_data(device)
+    path = os.path.join(out, "ckpt.pt")
+    if os.path.exists(path):
+        model.load_state_dict(torch.load(path))
+    train_two_steps_and_save(model, batches, path)
+
+
 def pretrained_job(device: str, out: str) -> None:
     """Correct: starts from a pretrained file it only reads (given to the checker as --checkpoint), trains 2 steps
     and saves model.pt. The reference must find the file where the job left it (rv29c defect 6)."""
     model, batches = model_and_data(device)
     model.load_state_dict(torch.load(os.path.join(out, "pretrained.pt")))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    for x in batches[:2]:
-        opt.zero_grad()
-        model(x).pow(2).mean().backward()
-        opt.step()
-    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, os.path.join(out, "model.pt"))
+    train_two_steps_and_save(model, batches, os.path.join(out, "model.pt"))
 
 
 def fresh_dir_job(device: str, out: str) -> None:
@@ -99,12 +99,7 @@ def fresh_dir_job(device: str, out: str) -> None:
     with open(os.path.join(out, "latest"), "x") as f:  # "x": fails when a run before this one left it
         f.write("step2")
     model, batches = model_and_data(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    for x in batches[:2]:
-        opt.zero_grad()
-        model(x).pow(2).mean().backward()
-        opt.step()
-    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, os.path.join(folder, "model.pt"))
+    train_two_steps_and_save(model, batches, os.path.join(folder, "model.pt"))
 
 
 def random_ops_job(device: str) -> None:
@@ -205,12 +200,10 @@ def record(out: str, pids: list[int]) -> None:
     """Writes out/pids.<this pid>: each pid as pid:start time (field 22 of /proc/pid/stat), so that a test that
     finds the pid alive later can tell the same process from a new one given that pid (pid_max is 32,768 here,
     and a busy test run goes through it in minutes)."""
+    from torch_neuronx.runtime.processes import start_time
+
     def identity(pid: int) -> str:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f"{pid}:{f.read().rsplit(')', 1)[1].split()[19]}"
-        except OSError:
-            return f"{pid}:gone"
+        return f"{pid}:{start_time(pid) or 'gone'}"
 
     path, tmp = os.path.join(out, f"pids.{os.getpid()}"), os.path.join(out, f".pids.{os.getpid()}")
     with open(tmp, "w") as f:  # renamed whole: a test polling for pids.* never reads half of it

@@ -138,17 +138,12 @@ def _recorded(tmp_path: Path) -> list[tuple[int, str]]:
 def _alive(tmp_path: Path) -> list[int]:
     """The processes the job recorded that still exist and are not zombies. A pid alive with another start time
     is another process that got the number after ours ended (it wraps at 32,768 here): not ours."""
+    from torch_neuronx.runtime import processes
+
     pids = _recorded(tmp_path)
     assert pids, "the job recorded no process"
-    alive = []
-    for pid, start in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and fields[19] == start:
-            alive.append(pid)
-    return alive
+    live = processes.table()  # not zombies
+    return [pid for pid, start in pids if pid in live and str(processes.start_time(pid)) == start]
 
 
 def test_a_hanging_job_is_a_reported_failure_not_a_hung_checker(tmp_path: Path) -> None:

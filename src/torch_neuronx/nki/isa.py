@@ -229,6 +229,16 @@ def _flat(t: NkiTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return read(t).reshape(t.shape[0], -1).to(dtype)
 
 
+def _reduce_res_tile(ins: str, reduce_res: Any, p: int, launch: Any) -> None:
+    """A `reduce_res` operand (one value per partition): a tile of `p` partitions and one element each, or None."""
+    if reduce_res is None:
+        return
+    _tile(ins, "reduce_res", reduce_res, launch)
+    if reduce_res.shape[0] != p or reduce_res.free_size != 1:
+        raise NkiValidationError("err-shape-mismatch", ins, f"reduce_res {reduce_res.shape}", operand="reduce_res",
+                                 value=reduce_res.shape, limit=f"({p}, 1)")
+
+
 def _vector_operand(instruction: str, operand: str, value: Any, partitions: int, launch: Launch,
                     dtype: torch.dtype = torch.float32) -> torch.Tensor | float | None:
     """A compile-time scalar, or a (partitions, 1) on-chip tile broadcast along the free dimension."""
@@ -735,11 +745,7 @@ def activation(dst: NkiTensor, op: Any, data: NkiTensor, bias: Any = None, scale
                                  value=red, limit=" or ".join(f"nl.{r}" for r in sorted(allowed)) +
                                  f" ({'nisa.activation' if ins == 'nisa.activation' else ins} on "
                                  f"{launch.target.name})")
-    if reduce_res is not None:
-        _tile(ins, "reduce_res", reduce_res, launch)
-        if reduce_res.shape[0] != p or reduce_res.free_size != 1:
-            raise NkiValidationError("err-shape-mismatch", ins, f"reduce_res {reduce_res.shape}", operand="reduce_res",
-                                     limit=f"({p}, 1)")
+    _reduce_res_tile(ins, reduce_res, p, launch)
     if not launch.compute:
         return dst
     x = _flat(data)
@@ -1360,11 +1366,7 @@ def tensor_scalar_reduce(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: An
     p = data.shape[0]
     v0 = _vector_operand(ins, "operand0", operand0, p, launch)
     init = _vector_operand(ins, "reduce_init", reduce_init, p, launch)
-    if reduce_res is not None:
-        _tile(ins, "reduce_res", reduce_res, launch)
-        if reduce_res.shape[0] != p or reduce_res.free_size != 1:
-            raise NkiValidationError("err-shape-mismatch", ins, f"reduce_res {reduce_res.shape}", operand="reduce_res",
-                                     value=reduce_res.shape, limit=f"({p}, 1)")
+    _reduce_res_tile(ins, reduce_res, p, launch)
     if not launch.compute:
         return dst
     x = _apply(n0, _flat(data), v0, False)
@@ -1463,11 +1465,7 @@ def activate2(dst: NkiTensor, op: Any, data: NkiTensor, imm0: Any, imm1: Any, op
     v0 = _vector_operand(ins, "imm0", imm0, p, launch)
     v1 = _vector_operand(ins, "imm1", imm1, p, launch)
     alpha = _vector_operand(ins, "relu_param", relu_param, p, launch)
-    if reduce_res is not None:
-        _tile(ins, "reduce_res", reduce_res, launch)
-        if reduce_res.shape[0] != p or reduce_res.free_size != 1:
-            raise NkiValidationError("err-shape-mismatch", ins, f"reduce_res {reduce_res.shape}", operand="reduce_res",
-                                     value=reduce_res.shape, limit=f"({p}, 1)")
+    _reduce_res_tile(ins, reduce_res, p, launch)
     if not launch.compute:
         return dst
     x = _flat(data)
@@ -1828,11 +1826,7 @@ def exponential(dst: NkiTensor, src: NkiTensor, max_value: Any = 0.0, reduce_res
                                      value=value.dtype, limit="float32")
     shift = _vector_operand(ins, "max_value", max_value, p, launch)
     init = _vector_operand(ins, "reduce_init", reduce_init, p, launch)
-    if reduce_res is not None:
-        _tile(ins, "reduce_res", reduce_res, launch)
-        if reduce_res.shape[0] != p or reduce_res.free_size != 1:
-            raise NkiValidationError("err-shape-mismatch", ins, f"reduce_res {reduce_res.shape}", operand="reduce_res",
-                                     value=reduce_res.shape, limit=f"({p}, 1)")
+    _reduce_res_tile(ins, reduce_res, p, launch)
     if not launch.compute:
         return dst
     out = torch.exp(_flat(src) - shift)
@@ -1913,10 +1907,7 @@ def _check_vector_reduce(ins: str, launch: Launch, cmd: Any, reduce_op: Any, red
         raise NkiValidationError("err-invalid-operand", ins, "reduce_res with reduce_cmd=idle: no reduction runs, "
                                  "and the reference calls the accumulators' state unknown then", operand="reduce_res",
                                  hint="pass reduce_cmd=nisa.reduce_cmd.reset_reduce")
-    _tile(ins, "reduce_res", reduce_res, launch)
-    if reduce_res.shape[0] != p or reduce_res.free_size != 1:
-        raise NkiValidationError("err-shape-mismatch", ins, f"reduce_res {reduce_res.shape}", operand="reduce_res",
-                                 value=reduce_res.shape, limit=f"({p}, 1)")
+    _reduce_res_tile(ins, reduce_res, p, launch)
     if not _dtypes.is_float(reduce_res.dtype):
         raise NkiValidationError("err-unsupported-dtype", ins, f"reduce_res is {reduce_res.dtype}",
                                  operand="reduce_res", value=reduce_res.dtype, limit="a float dtype")
