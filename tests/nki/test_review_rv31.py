@@ -356,3 +356,43 @@ def test_refusals_name_their_limit(kernel, target, bad, good, code, operand) -> 
     assert err.limit is not None and f"(limit: {err.limit})" in str(err)
     twin = ("trn2", None) if kernel is scalar_copy else (target, good)
     nki.jit(kernel, platform_target=twin[0])(twin[1])
+
+
+# ------------------------------------------------- views: offsets, slices and sizes are integers, never truncated
+
+
+@on("trn2")
+def view_kernel(a, how, value):  # type: ignore[no-untyped-def]
+    """Copy one (4, 8) window of the (8, 16) HBM input ``a``, addressed as ``how`` says, with ``value`` in it."""
+    out = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.sbuf)
+    src = {
+        "ap_offset": lambda: a.ap([[16, 4], [1, 8]], offset=value),
+        "ap_scalar_offset": lambda: a.ap([[16, 4], [1, 8]], scalar_offset=value),
+        "ds": lambda: a[nl.ds(value, 4), 0:8],
+        "slice_start": lambda: a[value:5, 0:8],
+        "select": lambda: a.reshape((2, 4, 16)).select(0, value)[:, 0:8],
+    }[how]()
+    nisa.dma_copy(dst=t, src=src)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+A816 = np.arange(128, dtype=np.float32).reshape(8, 16)
+VIEWS = {"ap_offset": lambda v: A816.reshape(-1)[v:v + 64].reshape(4, 16)[:, :8],
+         "ap_scalar_offset": lambda v: A816[v:v + 4, :8], "ds": lambda v: A816[v:v + 4, :8],
+         "slice_start": lambda v: A816[v:5, :8], "select": lambda v: A816.reshape(2, 4, 16)[v][:, :8]}
+
+
+@pytest.mark.parametrize("how", sorted(VIEWS))
+def test_view_offsets_are_exact_integers(how: str) -> None:
+    """An integer offset addresses exactly the elements NumPy's slicing does (the correct twin)."""
+    np.testing.assert_array_equal(view_kernel(A816, how, 1), VIEWS[how](1))
+
+
+@pytest.mark.parametrize("how", sorted(VIEWS))
+@pytest.mark.parametrize("value", [0.5, 1.0, "1"])
+def test_view_offsets_refuse_non_integers(how: str, value: object) -> None:
+    """0.5, 1.0 or "1" as an offset, slice bound or index is refused with the operand named, not truncated to 0
+    or 1 (Python's own slicing refuses floats too)."""
+    expect("err-invalid-operand", view_kernel, A816, how, value)

@@ -253,6 +253,18 @@ class Storage:
         self.pending: float | int | bool | None = None  # a sentinel not yet filled in (filled on first partial use)
 
 
+def int_operand(ins: str, operand: str, value: Any) -> int:
+    """A compile-time integer operand (a Python or NumPy int): 0.5, 32.0 or "32" is refused, not truncated or
+    parsed, as shapes are (docs/nki.md, err-invalid-operand)."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise NkiValidationError("err-invalid-operand", ins, f"{operand} {value!r} is not an integer", operand=operand,
+                             value=value, limit="a compile-time integer", hint="pass a Python int")
+
+
 class ParDim(int):
     """``nl.par_dim(n)``, the older dialect's partition-dimension marker: an int that remembers where it stood."""
 
@@ -422,7 +434,7 @@ class DynamicSlice:
     __slots__ = ("start", "size")
 
     def __init__(self, start: int, size: int) -> None:
-        self.start, self.size = int(start), int(size)
+        self.start, self.size = int_operand("nl.ds", "start", start), int_operand("nl.ds", "size", size)
 
     def __repr__(self) -> str:
         return f"nl.ds({self.start}, {self.size})"
@@ -589,11 +601,11 @@ class NkiTensor:
                 k = slice(k.start, k.start + k.size)
             if isinstance(k, slice):
                 start, stop, step = k.start, k.stop, k.step
-                step = 1 if step is None else int(step)
+                step = 1 if step is None else int_operand("tensor indexing", "slice step", step)
                 if step <= 0:
                     raise _oob("tensor indexing", self.name, f"slice step {step} on dim {dim}: steps are positive")
-                start = 0 if start is None else int(start)
-                stop = n if stop is None else int(stop)
+                start = 0 if start is None else int_operand("tensor indexing", "slice start", start)
+                stop = n if stop is None else int_operand("tensor indexing", "slice stop", stop)
                 start = start + n if start < 0 else start
                 stop = stop + n if stop < 0 else stop
                 if not 0 <= start < stop <= n:
@@ -645,7 +657,7 @@ class NkiTensor:
         if dtype is not None and _dtypes.canonical(dtype) != self.dtype:
             raise NkiValidationError("err-unsupported-feature", ".ap()", "dtype reinterpretation through .ap() is "
                                      "not emulated", operand="dtype", hint="use .view(dtype) on a whole tile")
-        base = self.offset + (int(offset) if offset is not None else 0)
+        base = self.offset + (int_operand(".ap()", "offset", offset) if offset is not None else 0)
         strides = [s for s, _ in pairs]
         shape = [n for _, n in pairs]
         if scalar_offset is not None and vector_offset is not None:
@@ -655,8 +667,8 @@ class NkiTensor:
             raise _oob(".ap()", self.name, f"indirect_dim {indirect_dim} for a {len(pairs)}-entry pattern")
         dynamic = self.dynamic
         if scalar_offset is not None:
-            if _is_static(scalar_offset):
-                base += int(scalar_offset) * strides[indirect_dim]
+            if _is_static(scalar_offset, ".ap()", "scalar_offset"):
+                base += int_operand(".ap()", "scalar_offset", scalar_offset) * strides[indirect_dim]
             else:  # a register or a 1x1 tile: read when the instruction runs
                 dynamic = dynamic + ((scalar_offset, strides[indirect_dim]),)
         gather = None
@@ -687,7 +699,7 @@ class NkiTensor:
         return view
 
     def reshape(self, shape: Sequence[int]) -> NkiTensor:
-        dims = [int(d) for d in (shape if not isinstance(shape, int) else (shape,))]
+        dims = [int_operand(".reshape()", "shape", d) for d in (shape if not isinstance(shape, int) else (shape,))]
         if -1 in dims:
             known = math.prod(d for d in dims if d != -1)
             dims[dims.index(-1)] = self.size // known if known else 0
@@ -707,7 +719,7 @@ class NkiTensor:
         return self._view(dims, strides, self.offset, f"{self.name}.reshape")
 
     def permute(self, dims: Sequence[int]) -> NkiTensor:
-        dims = [int(d) for d in dims]
+        dims = [int_operand(".permute()", "dims", d) for d in dims]
         if sorted(dims) != list(range(self.ndim)):
             raise NkiValidationError("err-invalid-shape", ".permute()", f"{dims} is not a permutation of "
                                      f"{list(range(self.ndim))}", operand="dims")
@@ -723,7 +735,7 @@ class NkiTensor:
                                      "broadcast (it must have size 1 and not be the partition dimension)",
                                      operand="dim")
         shape, strides = list(self.shape), list(self.strides)
-        shape[dim], strides[dim] = int(size), 0
+        shape[dim], strides[dim] = int_operand(".broadcast()", "size", size), 0
         return self._view(shape, strides, self.offset, f"{self.name}.broadcast")
 
     def expand_dim(self, dim: int) -> NkiTensor:
@@ -757,8 +769,8 @@ class NkiTensor:
 
     def select(self, dim: int, index: Any) -> NkiTensor:
         key: list[Any] = [slice(None)] * self.ndim
-        if _is_static(index):
-            key[dim] = int(index)
+        if _is_static(index, ".select()", "index"):
+            key[dim] = operator.index(index)
             return self[tuple(key)]
         # AWS NkiTensor.select: "the index is resolved at runtime": a register or a 1x1 tile, read at each use
         dim = dim + self.ndim if dim < 0 else dim
@@ -820,10 +832,13 @@ class NkiTensor:
     reinterpret_cast = view
 
 
-def _is_static(value: Any) -> bool:
-    """Whether an offset is known when the view is built (a Python int), not a register or a tile."""
-    return isinstance(value, int) or (not isinstance(value, NkiTensor) and not hasattr(value, "value")
-                                      and hasattr(value, "__index__"))
+def _is_static(value: Any, instruction: str = "", operand: str = "offset") -> bool:
+    """Whether an offset is known when the view is built (a Python int), not a register or a tile; anything else
+    (0.5, "1") is refused, not truncated when the instruction runs."""
+    if isinstance(value, NkiTensor) or (not isinstance(value, int) and hasattr(value, "value")):
+        return False  # a 1x1 tile or a register
+    int_operand(instruction, operand, value)
+    return True
 
 
 class _Bounded:

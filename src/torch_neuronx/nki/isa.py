@@ -19,7 +19,6 @@ import enum
 import functools
 import inspect
 import math
-import operator
 import warnings
 from typing import Any
 
@@ -46,6 +45,7 @@ from torch_neuronx.nki._tensor import (
     write,
 )
 from torch_neuronx.nki._tensor import NkiTensor as _NkiTensor
+from torch_neuronx.nki._tensor import int_operand as _int_immediate  # shared with the views below the isa
 
 __all__ = [
     "NkiValidationError", "activation", "activation_reduce", "affine_select", "dma_copy", "dma_transpose",
@@ -977,18 +977,6 @@ def tensor_copy_predicated(dst: NkiTensor, src: Any, predicate: NkiTensor, rever
         new = _flat(src, native) if isinstance(src, _NkiTensor) else torch.tensor(src).to(native).expand(mask.shape)
         write(dst, torch.where(mask, new, _flat(dst, native)).reshape(dst.shape))
     return dst
-
-
-def _int_immediate(ins: str, operand: str, value: Any) -> int:
-    """A compile-time integer operand (a Python or NumPy int): 0.5, 32.0 or "32" is refused, not truncated or
-    parsed, as shapes are (docs/nki.md, err-invalid-shape)."""
-    if not isinstance(value, bool):
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
-    raise NkiValidationError("err-invalid-operand", ins, f"{operand} {value!r} is not an integer", operand=operand,
-                             value=value, limit="a compile-time integer", hint="pass a Python int")
 
 
 def _float_immediate(ins: str, operand: str, value: Any) -> float:
