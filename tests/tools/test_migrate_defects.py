@@ -1215,6 +1215,7 @@ def _fake_world(monkeypatch: pytest.MonkeyPatch, size: int) -> dict:
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: bool(seen["init"]))
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: size)
     monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    monkeypatch.setattr(torch.distributed, "barrier", lambda *a, **k: None)
     return seen
 
 
@@ -1283,13 +1284,15 @@ def test_rv32d_6_an_appended_writefile_cell_is_part_of_the_file_and_flagged() ->
     assert [f.rule for f in alone.report.flags] == ["writefile-append"]
 
 
-@pytest.mark.parametrize(("call", "out"), [('torch.device("xla", 0)', 'torch.device("neuron")'),
-                                           ("torch.device('xla:0')", "torch.device('neuron')"),
+@pytest.mark.parametrize(("call", "out"), [('torch.device("xla", 0)', DEV), ("torch.device('xla:0')", DEV),
+                                           ('torch.device("xla")', 'torch.device("neuron")'),
                                            ('torch.device("xla", i)', None), ('torch.device("xla", 1)', None),
+                                           ('torch.device("xla:1")', None),
                                            ('torch.device(type="xla", index=0)', None)])
 def test_rv32d_7_an_indexed_xla_device_is_the_current_one_or_flagged(call: str, out: str | None) -> None:
-    """Each XLA process had one device, `xla:0` (its own core); `"xla:0"` becomes the current neuron device, and
-    so does `torch.device("xla", 0)`. Any other index: which core it means is not known here (flagged)."""
+    """Each XLA process had one device, `xla:0` (its own core); `torch.device("xla:0")` and `torch.device("xla",
+    0)` become what `xm.xla_device()` becomes, the process's indexed core (rv32e item 1); `"xla"` has no index on
+    either side. Any other index: which core it means is not known here (flagged)."""
     res = migrate_python("import torch\nimport torch_xla\nd = " + call + "\n")
     if out is None:
         assert [f.rule for f in res.flags] == ["xla-device-string"] and call in res.code
@@ -1342,3 +1345,212 @@ def test_rv32d_12_inlined_helpers_end_their_lines_as_the_file_does() -> None:
     out = migrate_python((XM + "xm.rendezvous('x')\n").replace("\n", "\r\n")).code
     assert "def neuron_rendezvous" in out and re.search(r"(?<!\r)\n", out) is None
     assert "\r" not in migrate_python(XM + "xm.rendezvous('x')\n").code  # the twin: an LF file stays LF
+
+
+# ------------------------------------------------------------------ issue 32, review rv32e
+
+def test_rv32e_1_an_indexed_xla_device_equals_the_tensors_device_as_in_xla() -> None:
+    """XLA: each process's one device is `xla:0`, so `t.device == torch.device("xla", 0)` held and its `.index` was
+    0. `torch.device("neuron")` has no index: the comparison turned False (rv32e item 1). Run on the emulated
+    device, the migrated comparisons hold again."""
+    import torch_neuronx  # noqa: F401  (the neuron device)
+
+    code = (XM + "import torch\ndev = xm.xla_device()\nt = torch.ones(2).to(dev)\n"
+            "EQ1 = t.device == torch.device('xla', 0)\nEQ2 = dev == torch.device('xla:0')\n"
+            "IDX = torch.device('xla', 0).index\nIN = t.device in (torch.device('xla:0'),)\n")
+    res = migrate_python(code)
+    assert res.code.count(DEV) == 5 and not res.flags
+    scope = {"__name__": "__main__"}
+    exec(compile(res.code, "<migrated>", "exec"), scope)  # the tool's own output, built from a literal
+    assert scope["EQ1"] and scope["EQ2"] and scope["IN"] and scope["IDX"] == 0
+
+
+@pytest.mark.parametrize(("code", "flagged"), [
+    ('device = "xla"\ndev = torch.device(device, 0)\n', True),  # every rank's core 0 (rank 1: ValueError)
+    ('device = "xla"\ndev = torch.device(device, index=i)\n', True),
+    ('device = "xla"\ndev = torch.device(device)\n', False),  # the twins: no index, or not an XLA name
+    ('device = "cuda"\ndev = torch.device(device, 0)\n', False),
+])
+def test_rv32e_5_an_index_given_to_a_rewritten_xla_device_name_is_flagged(code: str, flagged: bool) -> None:
+    res = migrate_python("import torch\nimport torch_xla\n" + code)
+    assert [f.rule for f in res.flags] == (["xla-device-string"] if flagged else [])
+
+
+def test_rv32e_2_an_import_inside_a_function_binds_the_name_in_that_function_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python binds a function's import as that function's local: the module's own `xm` (an object, another
+    module) and a function with no import are not torch_xla's (rv32e item 2, traps t36, t37, t32)."""
+    manager = ("class ExperimentManager:\n    def get_ordinal(self):\n        return 42\n\n\n"
+               "xm = ExperimentManager()\n")
+    local = "def on_xla_rank():\n    import torch_xla.core.xla_model as xm\n    return xm.get_ordinal()\n"
+    for head, report, expected in ((manager, "xm.get_ordinal()", 42),
+                                   ("from json import decoder as xm\n", "xm.JSONDecodeError.__name__",
+                                    "JSONDecodeError")):
+        res = migrate_python(head + local + f"def report():\n    return {report}\n")
+        assert not res.flags and "torch_xla" not in res.code and f"return {report}\n" in res.code
+        scope = _run(res.code, {"RANK": "1"}, monkeypatch)
+        assert scope["on_xla_rank"]() == 1 and scope["report"]() == expected
+    # t32: a function that never imports `xm2` (a NameError in the original) is left alone
+    res = migrate_python(local.replace("xm", "xm2") + "def other():\n    return xm2.get_ordinal()\n")
+    assert "return xm2.get_ordinal()" in res.code and not res.flags
+    # the twin: a module-level import is seen in every function that does not bind the name
+    res = migrate_python(XM + "def report():\n    return xm.get_ordinal()\n")
+    assert 'return int(os.environ.get("RANK", "0"))' in res.code and not res.flags
+    # a function nested in the importing one sees its import
+    res = migrate_python("def outer():\n    import torch_xla.core.xla_model as xm\n"
+                         "    def inner():\n        return xm.get_ordinal()\n    return inner()\n")
+    assert 'return int(os.environ.get("RANK", "0"))' in res.code and "torch_xla" not in res.code
+
+
+T30 = XM + """import os
+import torch
+
+torch.manual_seed(0)
+dev = xm.xla_device()
+STARTED_BEFORE_DEVICE = torch.distributed.is_initialized()
+model = torch.nn.Linear(4, 1).to(dev)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+rank = xm.get_ordinal()
+x = torch.full((2, 4), float(rank + 1)).to(dev)
+model(x).sum().backward()
+xm.optimizer_step(opt)
+xm.mark_step()
+with open(f"result{rank}.json", "w") as f:  # a file per rank: two ranks' prints interleave
+    json.dump({"rank": rank, "w": model.weight.detach().cpu().flatten().tolist(), "before": STARTED_BEFORE_DEVICE}, f)
+"""
+
+
+@pytest.mark.parametrize(("world", "started"), [("2", ["gloo"]), (None, [])])
+def test_rv32e_3_the_group_starts_before_the_first_device_use(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                              world: str | None, started: list[str]) -> None:
+    """The native runtime must not be initialised before init_process_group (TorchNeuron's
+    _neuron_runtime_setup asserts it); the helper started the group at the first collective, after the device
+    was used (rv32e item 3). Now under torchrun the group runs before the first device use; alone, none."""
+    res = migrate_python(T30.replace("import os\n", "import os\nimport json\n"), target=CPU)
+    assert "\nneuron_init_group()  # torchrun" in res.code and not res.flags
+    assert migrate_python(res.code, target=CPU).code == res.code  # a second pass adds no second call
+    # the twin: a library module (functions only) starts no group at its import, where it would collide with the
+    # importing script's own init_process_group; its helper starts one at the first collective, as before
+    lib = migrate_python(XM + "def average(t):\n    return xm.all_reduce(xm.REDUCE_SUM, t)\n", target=CPU)
+    assert "def neuron_init_group" in lib.code and "\nneuron_init_group()" not in lib.code and not lib.flags
+    seen = _fake_world(monkeypatch, int(world or 1))
+    monkeypatch.chdir(tmp_path)  # it writes result0.json
+    scope = _run(res.code, {} if world is None else {"WORLD_SIZE": world}, monkeypatch)
+    assert seen["init"] == started and scope["STARTED_BEFORE_DEVICE"] == bool(started)
+
+
+def test_rv32e_3_a_torchrun_script_with_no_group_trains_on_two_ranks(tmp_path: Path) -> None:
+    """The one launch: the migrated t30 (XLA under torchrun, no init_process_group, a device used before the first
+    collective) on 2 ranks of the emulated device. Before, every rank crashed ("Neuron runtime should not be
+    initialized before the init_process_group"). Reference: the one-process full-batch step on the CPU."""
+    from torch_neuronx.testing.workers import run_processes, torchrun_argv
+
+    res = migrate_python(T30.replace("import os\n", "import os\nimport json\n"))
+    script = tmp_path / "t30.py"
+    script.write_text(res.code)
+    proc = run_processes([(torchrun_argv("--standalone", "--nproc-per-node", "2", str(script)), {})], tmp_path,
+                         600.0, cwd=tmp_path)[0]
+    assert proc.rc == 0, proc.log()
+    results = [json.loads((tmp_path / f"result{rank}.json").read_text()) for rank in (0, 1)]
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(4, 1)
+    grad = (2 * 1.0 + 2 * 2.0) / 2  # rank r's weight gradient is 2 (r + 1); XLA averaged them
+    expected = (reference.weight.detach().flatten() - 0.1 * grad).tolist()
+    assert [r["rank"] for r in results] == [0, 1]
+    for r in results:
+        assert r["w"] == pytest.approx(expected, abs=1e-6) and r["before"] is True
+
+
+RDV_THEN_INIT = """import torch.distributed as dist
+import torch_xla.core.xla_model as xm
+
+
+def main():
+    xm.rendezvous("download")
+    dist.init_process_group("xla", init_method="xla://")
+    d = xm.xla_device()
+
+
+main()
+"""
+
+
+@pytest.mark.parametrize(("world", "started"), [("2", ["gloo"]), (None, ["gloo"])])
+def test_rv32e_4_the_scripts_own_group_after_the_helpers_starts_once(monkeypatch: pytest.MonkeyPatch,
+                                                                     world: str | None, started: list[str]) -> None:
+    """t03: a rendezvous (the helper starts the group), then the script's own init_process_group: initialised
+    twice (rv32e item 4). The script's init is guarded now: under torchrun one group; alone, the script's own
+    init runs as before."""
+    res = migrate_python(RDV_THEN_INIT, target=CPU)
+    assert ('    if not torch.distributed.is_initialized():\n        dist.init_process_group("gloo")\n' in res.code
+            and not res.flags)
+    assert migrate_python(res.code, target=CPU).code == res.code
+    seen = _fake_world(monkeypatch, int(world or 1))
+    _run(res.code, {} if world is None else {"WORLD_SIZE": world}, monkeypatch)
+    assert seen["init"] == started
+
+
+@pytest.mark.parametrize("init", ['dist.init_process_group("xla", init_method="xla://", timeout=t)',
+                                  'dist.init_process_group("gloo")', 'ok = dist.init_process_group("xla")'])
+def test_rv32e_4_an_init_the_guard_cannot_keep_as_it_was_is_flagged(init: str) -> None:
+    res = migrate_python(RDV_THEN_INIT.replace('dist.init_process_group("xla", init_method="xla://")', init))
+    assert [f.rule for f in res.flags] == ["xla-early-group"] and "is_initialized():\n        dist" not in res.code
+    assert migrate_python(res.code).flags  # still open on a second pass
+
+
+@pytest.mark.parametrize("expr", ['"xla" + ":" + str(i)', '":".join(["xla", str(i)])', '"%s:%d" % ("xla", i)',
+                                  '"{}:{}".format("xla", i)'])
+def test_rv32e_5_a_device_name_built_from_the_bare_xla_string_is_flagged(expr: str) -> None:
+    """t14: `"xla"` flows into a string built at run time (each XLA process had its own `xla:0`; the index
+    built is not known here). The twins: the same with "cuda", and `"xla"` in a comparison (an xla-test)."""
+    assert rules(f"import torch\nimport torch_xla\ni = 0\nd = torch.device({expr})\n") == ["xla-device-string"]
+    assert rules(f"import torch\nimport torch_xla\ni = 0\nd = torch.device({expr.replace('xla', 'cuda')})\n") == []
+    assert rules("import torch\nimport torch_xla\nok = d.type == 'xla'\n") == ["xla-test"]
+
+
+@pytest.mark.parametrize(("code", "flagged"), [
+    ('logging.getLogger("torch_xla").setLevel(logging.ERROR)\n', False),  # t02, t33: the string, not a probe
+    ('warnings.filterwarnings("ignore", module="torch_xla")\n', False),
+    ('print("torch_xla")\n', False),
+    ('parser.add_argument("--backend", default="torch_xla")\n', False),
+    ('name = str("torch_xla")\n', False),
+    ('if mods.get("torch_xla"):\n    x = 1\n', True),  # a call given the string, its result tested: a probe
+    ('ok = probe("torch_xla.core") is not None\n', True),
+    ('ok = not mods.get("torch_xla") and x\n', True),
+    ('spec = importlib.util.find_spec("torch_xla")\n', True),  # a probe by name, however its result is used
+    ('v = importlib.metadata.version("torch_xla")\n', True),
+    ('mod = __import__("torch_xla")\n', True),
+    ('def f(is_torch_xla_available):\n    return is_torch_xla_available()\n', False),  # t38: a parameter
+    ('from transformers.utils import is_torch_xla_available as ok\ndef f(ok):\n    return ok()\n', False),
+    ('from transformers.utils import is_torch_xla_available as ok\ndef f(x):\n    return ok()\n', True),
+    ('def f(x):\n    return is_torch_xla_available()\n', True),
+])
+def test_rv32e_6_only_availability_probes_are_flagged_as_xla_tests(code: str, flagged: bool) -> None:
+    assert rules("import importlib.util\nimport torch_xla\n" + code) == (["xla-test"] if flagged else [])
+
+
+@pytest.mark.parametrize("after", [["--check-nproc-per-node", "2"], ["--json=r.json"], ["--steps", "3", "--out", "r"]])
+def test_rv32e_7_migrates_own_option_after_check_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         after: list[str]) -> None:
+    """`--check --check-nproc-per-node 2` handed migrate's option to the script, silently (rv32e item 7)."""
+    script = tmp_path / "t.py"
+    script.write_text(XM + "d = xm.xla_device()\n")
+    with pytest.raises(SystemExit) as stop:
+        cli_main(["migrate", str(script), "--out", str(tmp_path / "m"), "--check", *after])
+    assert stop.value.code == 2 and "after --check would go to the script" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()  # nothing written
+
+
+def test_rv32e_7_after_check_dash_dash_every_argument_is_the_scripts() -> None:
+    from torch_neuronx.tools.migrate.cli import OWN_OPTIONS, split_check
+
+    argv = ["migrate", "t.py", "--out", "m", "--check", "--", "--steps", "3", "--out", "run"]
+    assert split_check(argv) == (argv[:5], ["--steps", "3", "--out", "run"])  # the script's own `--out`
+    assert split_check(["migrate", "t.py", "--check", "--steps", "3"])[1] == ["--steps", "3"]
+    parser = __import__("argparse").ArgumentParser()
+    from torch_neuronx.tools.migrate.cli import add_parser
+
+    add_parser(parser.add_subparsers())
+    sub = parser._subparsers._group_actions[0].choices["migrate"]  # type: ignore[union-attr]
+    names = {o for a in sub._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+    assert names == set(OWN_OPTIONS)  # the list split_check knows is the parser's

@@ -50,6 +50,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    "--check -- ARGS (ARGS go to the script); needs --out or --in-place and one Python script")
 
 
+# migrate's own options (add_parser): after `--check` without `--` one of them is a mistake, not the script's
+OWN_OPTIONS = ("--out", "--in-place", "--diff", "--json", "--target", "--quiet", "--check-nproc-per-node",
+               "--check-out", "--tp-invariance", "--tp-invariance-out", "--check")
+
+
 def split_check(argv: list[str]) -> tuple[list[str], list[str]]:
     """`migrate ... --check -- ARGS` (or `--tp-invariance N -- ARGS`): ARGS belong to the script, not to argparse
     (which would take them for paths)."""
@@ -62,7 +67,14 @@ def split_check(argv: list[str]) -> tuple[list[str], list[str]]:
         return argv, []
     i = argv.index("--check")
     rest = argv[i + 1:]
-    return argv[: i + 1], rest[1:] if rest[:1] == ["--"] else rest
+    if rest[:1] == ["--"]:  # `--check -- ARGS`: all the script's, even a name migrate has (`--out run`)
+        return argv[: i + 1], rest[1:]
+    own = [a for a in rest if a.split("=", 1)[0] in OWN_OPTIONS]
+    if own:  # `--check --check-nproc-per-node 2` went to the script, silently (rv32e item 7)
+        print(f"torch-neuronx migrate: {own[0]} after --check would go to the script: give migrate's options "
+              "before --check, and the script's after `--check --`", file=sys.stderr)
+        raise SystemExit(2)
+    return argv[: i + 1], rest
 
 
 def _run_check(args: argparse.Namespace, script_args: list[str], results: list,

@@ -145,6 +145,13 @@ CLASS_SCOPE = FlagRule(
     "class-scope", "The class body binds this name on one path only (in an `if`, a loop, a `try`): here it is "
     "either the class's own or the import, and the rewrite cannot tell which.",
     "bind it on every path (or rename the class attribute), then migrate again.")
+EARLY_GROUP = FlagRule(
+    "xla-early-group", "Under torchrun the migrated script starts the process group first, before its first device "
+    "use (`neuron_init_group()` after the helpers), as XLA's runtime joined the processes at start and the native "
+    "runtime requires; this init_process_group, with other options, on one line with others or in an expression, "
+    "would start a second one (initialised twice).",
+    "guard it with `if not torch.distributed.is_initialized():` (its options then apply only without torchrun), "
+    "or drop it.")
 XLA_DEVICE_FSTRING = FlagRule(
     "xla-device-string", "An XLA device name built at run time (`f\"xla:{i}\"`, `\"xla:\" + str(i)`, "
     "`torch.device(\"xla\", i)`): each XLA process had its own "

@@ -3,8 +3,9 @@
 ``import torch_xla.core.xla_model as xm`` binds ``xm`` to ``torch_xla.core.xla_model``; ``xm.optimizer_step``
 then resolves to ``torch_xla.core.xla_model.optimizer_step`` whatever the alias. An import binds its name for the
 whole file, except inside a function (or lambda) that binds the same name itself (a parameter ``xm``, a local
-``xm = Recorder()``): there the name is the local one and is left alone. Names bound in one notebook cell are seen
-in the next.
+``xm = Recorder()``): there the name is the local one and is left alone. An import inside a function binds the
+name in that function only (and the functions nested in it), as Python's scoping does: outside it the module's
+own ``xm`` (or none) is meant. Names bound in one notebook cell are seen in the next.
 """
 
 from __future__ import annotations
@@ -45,32 +46,50 @@ def module_name(node: cst.BaseExpression) -> str:
 class Aliases:
     """local name -> the fully qualified name it is bound to by an import."""
 
-    names: dict[str, str] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)  # the module's imports (and its class bodies')
     star_imports: list[str] = field(default_factory=list)
+    # the qualified names of the imports inside functions, and the local names they bind (any function)
+    local_qualnames: set[str] = field(default_factory=set)
+    local_bound: set[str] = field(default_factory=set)
+    # the scopes the walk is in, innermost last (RefTracking keeps it): a function's own imports and other names
+    scopes: list[_Scope] = field(default_factory=list)
 
     def add_module(self, module: cst.Module) -> None:
         module.visit(_ImportCollector(self))
 
     def add_ast(self, tree: ast.AST) -> None:
         """The same from Python's own parse tree (C speed: a file is parsed by `ast` first anyway)."""
-        for node in ast.walk(tree):
+        for node, local in _walk_imports(tree):
+            found = self.names if not local else {}
             if isinstance(node, ast.Import):
                 for a in node.names:
                     if a.asname:
-                        self.names[a.asname] = a.name
+                        found[a.asname] = a.name
                     else:
                         root = a.name.split(".")[0]
-                        self.names[root] = root
+                        found[root] = root
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 for a in node.names:
                     if a.name == "*":
                         self.star_imports.append(node.module)
                     else:
-                        self.names[a.asname or a.name] = f"{node.module}.{a.name}"
+                        found[a.asname or a.name] = f"{node.module}.{a.name}"
+            if local:
+                self.local_qualnames.update(found.values())
+                self.local_bound.update(found)
 
     def qualname(self, node: cst.BaseExpression) -> str | None:
         """The fully qualified name of a chain rooted at an imported name (None otherwise)."""
         if isinstance(node, cst.Name):
+            last = len(self.scopes) - 1
+            for i in range(last, -1, -1):  # the innermost scope that binds the name decides (a class's: its own)
+                scope = self.scopes[i]
+                if scope.is_class and i != last:
+                    continue
+                if node.value in scope.imports:
+                    return scope.imports[node.value]
+                if node.value in scope.names:
+                    return None
             return self.names.get(node.value)
         if isinstance(node, cst.Attribute):
             head = self.qualname(node.value)
@@ -78,11 +97,86 @@ class Aliases:
         return None
 
 
-class _ImportCollector(cst.CSTVisitor):
-    def __init__(self, aliases: Aliases) -> None:
-        self.aliases = aliases
+def _walk_imports(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import of the tree, and whether it is inside a function (a lambda holds none): a function's import
+    binds its name in that function only (rv32e item 2)."""
+    found: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
+    todo: list[tuple[ast.AST, bool]] = [(tree, False)]
+    while todo:
+        node, local = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append((node, local))
+            continue
+        inner = local or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        todo.extend((child, inner) for child in ast.iter_child_nodes(node))
+    found.reverse()
+    return found
+
+
+class _FunctionImports(cst.CSTVisitor):
+    """The names a function's own imports bind (not those of the functions nested in it): local name -> the
+    qualified name."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
 
     def visit_Import(self, node: cst.Import) -> bool:
+        for a in node.names:
+            full = module_name(a.name)
+            if a.asname is not None and isinstance(a.asname.name, cst.Name):
+                self.names[a.asname.name.value] = full
+            else:
+                self.names[full.split(".")[0]] = full.split(".")[0]
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+            return False
+        mod = module_name(node.module)
+        for a in node.names:
+            name = module_name(a.name)
+            local = a.asname.name.value if a.asname is not None and isinstance(a.asname.name, cst.Name) else name
+            self.names[local] = f"{mod}.{name}"
+        return False
+
+
+def function_imports(node: cst.FunctionDef) -> dict[str, str]:
+    collector = _FunctionImports()
+    node.body.visit(collector)
+    return collector.names
+
+
+class _ImportCollector(cst.CSTVisitor):
+    """The module's imports (and its class bodies'); a function's own imports bind in it only (`function_imports`,
+    read again when the walk enters it): here only their names are noted."""
+
+    def __init__(self, aliases: Aliases) -> None:
+        self.aliases = aliases
+        self._functions = 0  # how deep in functions the walk is
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        imports = function_imports(node)
+        self.aliases.local_qualnames.update(imports.values())
+        self.aliases.local_bound.update(imports)
+        self._functions += 1
+        return True
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._functions -= 1
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        return self._functions == 0 and self._add_import(node)
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return self._functions == 0 and self._add_from(node)
+
+    def _add_import(self, node: cst.Import) -> bool:
         for a in node.names:
             full = module_name(a.name)
             if a.asname is not None and isinstance(a.asname.name, cst.Name):
@@ -92,7 +186,7 @@ class _ImportCollector(cst.CSTVisitor):
                 self.aliases.names[root] = root
         return False
 
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+    def _add_from(self, node: cst.ImportFrom) -> bool:
         if node.relative or node.module is None:
             return False
         mod = module_name(node.module)
@@ -121,6 +215,7 @@ class RefTracking:
     visitor or transformer walks the tree (one walk does both jobs). Needs PositionProvider metadata."""
 
     aliases: Aliases
+    scoped_names: frozenset[str] = frozenset()  # other names whose local binding matters (a parameter `find_spec`)
 
     def _init_tracking(self, aliases: Aliases) -> None:
         self.aliases = aliases
@@ -131,7 +226,8 @@ class RefTracking:
         self._not_refs: set[int] = set()  # names that are not references: attributes' names, keywords
         # per enclosing scope: the imported names it binds locally (see `_Scope`); a scope opens at its body, as
         # default values, decorators, annotations and a class's bases are evaluated outside it (rv32c items 6, 8)
-        self._shadowed: list[_Scope] = []
+        aliases.scopes = []  # shared: the aliases resolve a name in the scope the walk is in
+        self._shadowed: list[_Scope] = aliases.scopes
         self._scope_at: dict[int, _Scope] = {}  # the id of a scope's body node -> the scope it opens
         self._class_stmt: dict[int, _Scope] = {}  # a class body's statement -> its class's scope
         self.ambiguous: set[int] = set()  # references a class body may or may not have re-bound: flagged
@@ -181,8 +277,10 @@ class RefTracking:
 
     def _open_scopes(self, node: cst.CSTNode) -> None:
         """Register the scopes `node` opens (at their bodies), and open the one whose body `node` is."""
-        names = set(self.aliases.names)
-        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
+        names = set(self.aliases.names) | self.aliases.local_bound | self.scoped_names
+        if isinstance(node, cst.FunctionDef):
+            self._scope_at[id(node.body)] = _Scope(False, local_names(node) & names, imports=function_imports(node))
+        elif isinstance(node, cst.Lambda):
             self._scope_at[id(node.body)] = _Scope(False, local_names(node) & names)
         elif isinstance(node, cst.ClassDef):
             # a class body binds statement by statement (its code runs once, top to bottom): a name is the
@@ -210,8 +308,14 @@ class RefTracking:
         item 12). "local": the name is the scope's own; "maybe": a class body bound it behind an `if` / a loop
         (either may hold, flagged); None: the import."""
         last = len(self._shadowed) - 1
-        if any(name in scope.names for i, scope in enumerate(self._shadowed) if not scope.is_class or i == last):
-            return "local"
+        for i in range(last, -1, -1):  # the innermost scope that binds it: its own import, or another binding
+            scope = self._shadowed[i]
+            if scope.is_class and i != last:
+                continue
+            if name in scope.imports:
+                return None
+            if name in scope.names:
+                return "local"
         if last >= 0 and self._shadowed[last].is_class and name in self._shadowed[last].maybe:
             return "maybe"
         return None
@@ -226,7 +330,7 @@ class RefTracking:
         if scope is not None:  # a class body's statement ran: the names it binds are the class's from here on
             binder = _LocalBinder()
             node.visit(binder)
-            bound = (binder.names - binder.declared_global) & set(self.aliases.names)
+            bound = (binder.names - binder.declared_global) & (set(self.aliases.names) | self.aliases.local_bound)
             if isinstance(node, (cst.SimpleStatementLine, cst.FunctionDef, cst.ClassDef)):
                 scope.names |= bound
             else:  # `if flag: xm = Recorder()`: bound on one path only
@@ -241,6 +345,7 @@ class _Scope:
     is_class: bool
     names: set[str]
     maybe: set[str] = field(default_factory=set)
+    imports: dict[str, str] = field(default_factory=dict)  # a function's own imports: local name -> qualified name
 
 
 def _comprehension_targets(comp: cst.CompFor) -> set[str]:

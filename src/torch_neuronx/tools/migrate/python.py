@@ -98,25 +98,31 @@ def _tests_for_xla_prefix(call: cst.Call) -> bool:
 # `is_torch_xla_available()` (transformers.utils, accelerate.utils), `is_torch_tpu_available()` (older
 # transformers), `is_tpu_available()` (older accelerate): true only where torch_xla imports (rv32c item 7)
 _XLA_PROBES = {"is_torch_xla_available", "is_torch_tpu_available", "is_tpu_available"}
-_SPEC_PROBES = {"find_spec", "find_loader", "import_module"}
+# given "torch_xla" first: a probe however its result is used (importlib, pkgutil, importlib.metadata, pkg_resources)
+_SPEC_PROBES = {"find_spec", "find_loader", "import_module", "__import__", "version", "distribution",
+                "get_distribution"}
 
 
 def _names_torch_xla(node: cst.CSTNode) -> bool:
     return string_matches(node, r"torch_xla(\..*)?")
 
 
-def _probes_for_xla(call: cst.Call, resolved: str | None = None) -> bool:
+def _probes_for_xla(call: cst.Call, resolved: str | None = None, tested: bool = False,
+                    local: bool = False) -> bool:
     """`importlib.util.find_spec("torch_xla")`, `is_torch_xla_available()` (also under an import alias:
-    `from transformers.utils import is_torch_xla_available as xla_ok`, `resolved`), any call given the string
-    "torch_xla..." (`spec = importlib.util.find_spec; spec("torch_xla")`, `sys.modules.get("torch_xla")`): a
-    test for an installed or imported torch_xla (rv32d item 4)."""
-    name = dotted(call.func)
+    `from transformers.utils import is_torch_xla_available as xla_ok`, `resolved`), and a call given the string
+    "torch_xla..." as a positional argument whose result is tested (`tested`: `spec = importlib.util.find_spec;
+    if spec("torch_xla"): ...`, `sys.modules.get("torch_xla") is not None`): a test for an installed or imported
+    torch_xla (rv32d item 4). Other calls given the string are not (`logging.getLogger("torch_xla")`,
+    `print("torch_xla")`, `filterwarnings(module="torch_xla")`, rv32e item 6); `local`: the callee is a name the
+    function binds itself (a parameter called like a probe)."""
+    name = None if local else dotted(call.func)
     lasts = {n.rsplit(".", 1)[-1] for n in (name, resolved) if n}
     if lasts & _XLA_PROBES:
         return True
     if lasts & _SPEC_PROBES and bool(call.args) and _names_xla(call.args[0].value):
         return True
-    return any(_names_torch_xla(a.value) for a in call.args)
+    return tested and any(a.keyword is None and not a.star and _names_torch_xla(a.value) for a in call.args)
 
 
 def _xla_device_fstring(node: cst.FormattedString) -> bool:
@@ -160,6 +166,7 @@ def _is_marker(node: cst.CSTNode) -> bool:
 
 class Migrator(RefTracking, cst.CSTTransformer):
     METADATA_DEPENDENCIES = (PositionProvider,)
+    scoped_names = frozenset(_XLA_PROBES | _SPEC_PROBES)  # a parameter named like a probe is not one
 
     def __init__(self, ctx: Ctx, rules: Rules) -> None:
         super().__init__()
@@ -237,6 +244,8 @@ class Migrator(RefTracking, cst.CSTTransformer):
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: Any) -> Any:
         result = super().on_leave(original_node, updated_node)
+        if isinstance(original_node, cst.Call) and _is_init_call(original_node):  # its line, for _GuardInits
+            self.ctx.state.setdefault("inits", {})[id(result)] = (self._line(original_node), result)
         if isinstance(original_node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             result = self._finish_statement(original_node, result)
         self.track_leave(original_node)
@@ -428,7 +437,10 @@ class Migrator(RefTracking, cst.CSTTransformer):
     # expression-level rules
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> Expr:
         resolved = self.aliases.qualname(original_node.func)
-        if _tests_for_xla_prefix(original_node) or _probes_for_xla(original_node, resolved):  # always False now
+        root = dotted(original_node.func)
+        local = root is not None and self._is_shadowed(root.split(".")[0]) == "local"
+        if _tests_for_xla_prefix(original_node) or _probes_for_xla(
+                original_node, resolved, self._is_tested(original_node), local):  # always False now
             self.ctx.flag(flagmod.XLA_TEST, self.ctx.code(original_node).strip())
             self._collect_flags(self._line(original_node))
         ref = self.refs.get(id(original_node.func))
@@ -460,6 +472,30 @@ class Migrator(RefTracking, cst.CSTTransformer):
         new = self._fit(new)
         self._record(ref.qualname.rsplit(".", 1)[-1], original_node, new)
         return self._in_place(original_node, new)
+
+    def _is_tested(self, node: cst.CSTNode) -> bool:
+        """`node`'s value is tested: the test of an `if`, `while`, `assert` or conditional expression, an operand
+        of `not`, `and` / `or` or a comparison."""
+        if len(self._parents) < 2 or self._parents[-1] is not node:
+            return False
+        parent = self._parents[-2]
+        if isinstance(parent, (cst.If, cst.While, cst.Assert, cst.IfExp)):
+            return parent.test is node
+        return isinstance(parent, (cst.BooleanOperation, cst.Comparison, cst.ComparisonTarget)) or (
+            isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not))
+
+    def _builds_a_string(self, node: cst.CSTNode) -> bool:
+        """`node` flows into a string built at run time: an operand of `+` or `%`, an element of what `%` formats
+        or `str.join` joins, an argument of `str.format` (`"xla" + ":" + str(i)`, rv32e item 5)."""
+        chain = self._parents[:-1] if self._parents and self._parents[-1] is node else self._parents
+        for parent in reversed(chain[-4:]):
+            if isinstance(parent, cst.BinaryOperation):
+                return isinstance(parent.operator, (cst.Add, cst.Modulo))
+            if isinstance(parent, cst.Call):
+                return isinstance(parent.func, cst.Attribute) and parent.func.attr.value in ("join", "format")
+            if not isinstance(parent, (cst.Element, cst.Arg, cst.List, cst.Tuple)):
+                return False
+        return False
 
     def _alone_on_its_line(self, call: cst.Call) -> bool:
         """`call` is the whole of a statement line of an indented block or the module (_defer_closures judges
@@ -565,6 +601,8 @@ class Migrator(RefTracking, cst.CSTTransformer):
             self.ctx.flag(flagmod.XLA_ENV, value)
         elif string_matches(original_node, r"xla:([%{].*)?"):  # "xla:" + str(i), "xla:%d" % i, "xla:{}".format(i)
             self.ctx.flag(flagmod.XLA_DEVICE_FSTRING, value)  # a device built at run time (rv32d item 8)
+        elif string_matches(original_node, r"xla") and self._builds_a_string(original_node):
+            self.ctx.flag(flagmod.XLA_DEVICE_FSTRING, value)  # "xla" + ":" + str(i), ":".join(["xla", ...])
         self._collect_flags(self._line(original_node))
         return updated_node
 
@@ -620,6 +658,7 @@ class Migrator(RefTracking, cst.CSTTransformer):
                 and "dev" in updated_node.targets[0].target.value.lower() and is_xla_string(updated_node.value)):
             quote = updated_node.value.quote  # type: ignore[attr-defined]
             new = updated_node.with_changes(value=cst.SimpleString(self.ctx.device_str(quote)))
+            self.ctx.state["device_used"] = True
             self._record("xla-device-string", original_node, new)
             return new
         return updated_node
@@ -917,13 +956,138 @@ def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON
             line = migrator.import_lines.get(f"from {mod} import *", 0)
             ctx.flags.append(Flag(line=line, rule=rule.rule, reason=rule.reason, suggestion=rule.suggestion,
                                   code=f"from {mod} import *", cell=cell))
+    # the group first (rv32e items 3, 4): a collective's helper starts it, or the script starts its own XLA group
+    # and uses the device (maybe before it)
+    early = with_helpers and _is_script(module) and (
+        "neuron_init_group" in helpermod.closure(ctx.helpers) or (ctx.state.get("xla_init") and ctx.state.get(
+            "device_used")))
+    if early:
+        new = new.visit(_GuardInits(ctx, ctx.state.get("inits", {})))
+        ctx.helper("neuron_init_group")
     if with_helpers and ctx.helpers:
         new = insert_helpers(new, helpermod.closure(ctx.helpers), target)
+    if early:
+        new = _start_group_first(new)
     new = add_imports(new, ctx.imports, aliases if cell is not None else None)
     _open_todos(module, ctx, source)
     ctx.rewrites.sort(key=lambda r: r.line)
     ctx.flags.sort(key=lambda f: f.line)
     return new, ctx
+
+
+def _is_script(module: cst.Module) -> bool:
+    """A script, not a library module: an `if __name__ == "__main__":` block, or module-level code that runs
+    something (a call as a statement, a loop, a `with`). A library's helpers start the group at their first
+    collective, as before: started at its import, it would collide with the importing script's own
+    `init_process_group`."""
+    for stmt in module.body:
+        if isinstance(stmt, (cst.For, cst.While, cst.With)):
+            return True
+        if isinstance(stmt, cst.If) and "__main__" in _EMPTY.code_for_node(stmt.test):
+            return True
+        if isinstance(stmt, cst.SimpleStatementLine) and any(
+                isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) for s in stmt.body):
+            return True
+    return False
+
+
+def _is_init_call(call: cst.Call) -> bool:
+    return (dotted(call.func) or "").rsplit(".", 1)[-1] == "init_process_group"
+
+
+_EARLY_CALL = "neuron_init_group()  # torchrun: the process group first, before any device use (as XLA's runtime)\n"
+
+
+def _start_group_first(module: cst.Module) -> cst.Module:
+    """Call `neuron_init_group()` right after the inlined helpers, before any module code: under torchrun XLA's
+    runtime joined the processes at start, and the native runtime must not be initialised (a device used)
+    before `init_process_group` (TorchNeuron's `_neuron_runtime_setup` asserts it; rv32e item 3). With one
+    process, or a group already running, it does nothing."""
+    body = list(module.body)
+    for stmt in body:
+        first = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) else None
+        if (isinstance(first, cst.Expr) and isinstance(first.value, cst.Call)
+                and dotted(first.value.func) == "neuron_init_group"):
+            return module  # a second migration
+    helpers = [i for i, s in enumerate(body) if isinstance(s, (cst.FunctionDef, cst.ClassDef))
+               and s.name.value in helpermod.HELPERS]
+    at = helpers[-1] + 1 if helpers else _header_end(body)
+    call = cst.parse_statement(_EARLY_CALL)
+    call = call.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+    body.insert(at, call)
+    return module.with_changes(body=body)
+
+
+class _GuardInits(cst.CSTTransformer):
+    """With the group started first (`_start_group_first`), the script's own `init_process_group` would start a
+    second one (rv32e item 4): one that is a statement of its own, with only the target's backend, gets `if not
+    torch.distributed.is_initialized():` (under torchrun the group it meant runs already; without, it starts it
+    as before); one already behind an `is_initialized()` test is left alone; any other is flagged."""
+
+    def __init__(self, ctx: Ctx, inits: dict[int, tuple[int, cst.Call]]) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.inits = inits
+        self.tests: list[str] = []  # the tests of the enclosing `if`s
+        self.marks: list[list[str]] = []  # per enclosing statement: "guard" or "flag"
+        self.bare: list[int] = []  # per enclosing statement: the id of its call when it is a lone call
+
+    def visit_If(self, node: cst.If) -> bool:
+        self.tests.append(self.ctx.code(node.test))
+        return True
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> Any:
+        self.tests.pop()
+        return self._finish(original_node, updated_node)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            self.marks.append([])
+            lone = isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(
+                node.body[0], cst.Expr)
+            self.bare.append(id(node.body[0].value) if lone else 0)  # type: ignore[union-attr]
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: Any) -> Any:
+        result = super().on_leave(original_node, updated_node)
+        if isinstance(original_node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and not isinstance(
+                original_node, cst.If):
+            result = self._finish(original_node, result)
+        return result
+
+    def _finish(self, original: cst.CSTNode, updated: Any) -> Any:
+        marks = self.marks.pop()
+        self.bare.pop()
+        if "flag" in marks:
+            return _with_todos(updated, [flagmod.EARLY_GROUP])
+        if "guard" in marks:
+            self.ctx.need("torch")
+            test = cst.parse_expression("not torch.distributed.is_initialized()")
+            inner = updated.with_changes(leading_lines=[])
+            return cst.If(test=test, body=cst.IndentedBlock(body=[inner]), leading_lines=updated.leading_lines)
+        return updated
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        entry = self.inits.get(id(node))
+        if entry is None or any("is_initialized" in t for t in self.tests) or not self.marks:
+            return True
+        if self.bare and self.bare[-1] == id(node) and self._only_backend(node):
+            self.marks[-1].append("guard")
+            return True
+        self.marks[-1].append("flag")
+        rule = flagmod.EARLY_GROUP
+        self.ctx.flags.append(Flag(line=entry[0], rule=rule.rule, reason=rule.reason, suggestion=rule.suggestion,
+                                   code=self.ctx.code(node).strip(), cell=self.ctx.cell))
+        return True
+
+    def _only_backend(self, call: cst.Call) -> bool:
+        """Only the target's backend, as a literal: what `neuron_init_group()` starts."""
+        if len(call.args) != 1:
+            return False
+        first = call.args[0]
+        keyword = first.keyword.value if first.keyword is not None else None
+        return keyword in (None, "backend") and not first.star and string_matches(
+            first.value, re.escape(self.ctx.target.backend))
 
 
 def _called_names(module: cst.Module) -> set[str]:

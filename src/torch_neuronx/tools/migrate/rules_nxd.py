@@ -379,7 +379,7 @@ def _find_expression_builds(ctx: Ctx, module: cst.Module) -> None:
     bases: dict[str, set[str]] = {}
     ctx.state["bases"] = bases
     tree = ctx.state.get("tree")
-    if not any(q.startswith(NXD) for q in ctx.aliases.names.values()):
+    if not any(q.startswith(NXD) for q in [*ctx.aliases.names.values(), *ctx.aliases.local_qualnames]):
         return
     if tree is None:
         tree = ast.parse(module.code)

@@ -15,6 +15,7 @@ before ``init_process_group``, as XLA's did.
 from __future__ import annotations
 
 import ast
+import re
 
 import libcst as cst
 
@@ -82,6 +83,7 @@ def _env_int(ctx: Ctx, var: str, default: str) -> str:
 
 def _device(ctx: Ctx, call: cst.Call, qn: str) -> Expr:
     ctx.need("torch")
+    ctx.state["device_used"] = True
     if call.args:
         ctx.warn("the device index is dropped: under torchrun each process's neuron device is its LOCAL_RANK core")
     if ctx.target.device == "cpu":  # the CPU twin: CPU tensors carry no index
@@ -597,10 +599,39 @@ _PG_CALLS = {"torch.distributed.init_process_group", "torch.distributed.distribu
              "torch.distributed.new_group"}
 
 
+def _current_core(ctx: Ctx, original: cst.Call, qn: str | None) -> Expr | None:
+    """`torch.device("xla", 0)`, `torch.device("xla:0")`: each XLA process's only device, indexed `xla:0` (its
+    own core), so `t.device == torch.device("xla", 0)` held and `.index` was 0. It becomes what `xm.xla_device()`
+    becomes, the process's indexed core (issue 32 rv32e item 1: `torch.device("neuron")` has no index and
+    compared unequal to every tensor's device)."""
+    if qn != "torch.device" or any(a.keyword is not None or a.star for a in original.args):
+        return None
+    args = [a.value for a in original.args]
+    zero = len(args) == 2 and isinstance(args[1], cst.Integer) and args[1].evaluated_value == 0
+    if (len(args) == 1 and string_matches(args[0], r"xla:0")) or (zero and string_matches(args[0], r"xla")):
+        return _device(ctx, cst.Call(func=original.func), qn)
+    return None
+
+
+def _xla_names(ctx: Ctx, module: cst.Module) -> None:
+    """The names the script assigns an XLA device string (`device = "xla"`): rewritten to `"neuron"`, so a
+    `torch.device(device, 0)` built from one names core 0 of every process (rv32e item 5): flagged."""
+    tree = ctx.state.get("tree") or ast.parse(module.code)
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+                and re.fullmatch(r"xla(:\d+)?", node.value.value)):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    ctx.state["xla_names"] = names
+
+
+RULES.prepare.append(_xla_names)
+
+
 def _device_index(ctx: Ctx, original: cst.Call, qn: str | None, args: list[cst.Arg]) -> list[cst.Arg] | None:
-    """`torch.device("xla", 0)`: each XLA process's only device, the current one as `"xla:0"` (rv32d item 7):
-    the index goes, the device becomes `torch.device("neuron")` as `"xla:0"` does. Another index, an index that is
-    not a literal, or `type="xla"` is flagged (None): which core it means is not known here."""
+    """`torch.device("xla", i)` with another index than a literal 0 (`_current_core`), `torch.device("xla:1")`,
+    `type="xla"`, or `torch.device(device, i)` with `device = "xla"` (rv32e item 5) is flagged (None): which core
+    it means is not known here."""
     if qn != "torch.device":
         return args
     keyed = {a.keyword.value: a for a in args if a.keyword is not None}
@@ -608,12 +639,17 @@ def _device_index(ctx: Ctx, original: cst.Call, qn: str | None, args: list[cst.A
         ctx.flag(flagmod.XLA_DEVICE_FSTRING, ctx.code(original).strip())
         return None
     first = args[0] if args and args[0].keyword is None else None
-    if first is None or not is_xla_string(first.value) or len(args) == 1:
+    if (first is not None and isinstance(first.value, cst.Name) and first.value.value in ctx.state.get(
+            "xla_names", set()) and (len(args) > 1 or "index" in keyed)):
+        ctx.flag(flagmod.XLA_DEVICE_FSTRING, ctx.code(original).strip())
+        return None
+    if first is None or not is_xla_string(first.value):
         return args
-    index = args[1].value
-    if len(args) == 2 and isinstance(index, cst.Integer) and index.evaluated_value == 0 and string_matches(
-            first.value, r"xla"):
-        return [first.with_changes(comma=cst.MaybeSentinel.DEFAULT)]
+    if len(args) == 1 and not string_matches(first.value, r"xla(:0)?"):  # "xla:1": another process's core
+        ctx.flag(flagmod.XLA_DEVICE_FSTRING, ctx.code(original).strip())
+        return None
+    if len(args) == 1:
+        return args
     ctx.flag(flagmod.XLA_DEVICE_FSTRING, ctx.code(original).strip())
     return None
 
@@ -640,7 +676,12 @@ def _native_call(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None
         if keep and keep[-1].comma is not cst.MaybeSentinel.DEFAULT and len(keep) < len(args):
             keep[-1] = keep[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         args = keep
+        if changed and qn != "torch.distributed.new_group":  # the script starts an XLA group: started first now
+            ctx.state["xla_init"] = True
     else:
+        core = _current_core(ctx, original, qn)
+        if core is not None:
+            return core
         indexed = _device_index(ctx, original, qn, args)
         if indexed is None:  # flagged: left as it is
             return None
@@ -653,6 +694,7 @@ def _native_call(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None
                 quote = a.value.quote  # type: ignore[attr-defined]
                 args[i] = a.with_changes(value=cst.SimpleString(ctx.device_str(quote)))
                 changed = True
+                ctx.state["device_used"] = True
     if not changed:
         return None
     return updated.with_changes(args=args)
