@@ -13,7 +13,10 @@ A block without a comment runs as it is. Each block runs in a fresh process
 in an empty folder (tests/test_docs.py); a failure names the file and line. A
 block and the ``continue`` blocks after it run in one process (one launch),
 which prints a line after each block's code: each block's test reads whether
-its line came.
+its line came. Blocks that run alone on the same fixtures in plain Python (no
+torchrun, no ``env=``, no chain) share one process too (:func:`group_program`),
+to pay torch's import once rather than per block; each still runs as a script
+of its own (``runpy``: its own ``__main__`` namespace, folder and fixtures).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from torch_neuronx.testing.workers import BASE_ENV, torchrun_argv
 
 _FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```", re.S | re.M)
 _MARK = re.compile(r"<!--\s*doctest:(.*?)-->")
+_START = re.compile(r"^<doctest \S+ start>$", re.M)  # the line a group's run writes as each block starts
 
 # What the samples leave out. Sizes are small: these run in CI.
 FIXTURES: dict[str, str] = {
@@ -176,8 +180,74 @@ def chain_program(blocks: list[Block]) -> str:
     return "\n".join(parts)
 
 
+def group_key(block: Block) -> tuple[str, ...] | None:
+    """The fixtures a block runs on when it may share a process with the other blocks on the same fixtures (it runs
+    by itself, in plain Python), or None when it needs a process of its own (torchrun, ``env=``, parse-only, or
+    ``continue``: a chain has its own run)."""
+    if any(w in block.marks for w in ("continue", "parse-only")) or block.option("torchrun") or block.option("env"):
+        return None
+    return tuple(w for w in block.marks if w in FIXTURES)
+
+
+# The program of a group: each block's script (its fixtures and code, in a folder of its own) run as `python
+# sample.py` would run it (runpy: a fresh __main__ namespace, __file__, argv[0]), then a line naming it once it ran
+# to its end; a block that raises prints its traceback and the next block runs.
+_GROUP_RUNNER = """\
+import os, runpy, sys, traceback
+def _run_block(name, folder, done):
+    script = os.path.join(folder, "sample.py")
+    os.chdir(folder)
+    print(f"<doctest {name} start>", file=sys.stderr, flush=True)
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            traceback.print_exc()
+            return
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        traceback.print_exc()
+        return
+    print(done, flush=True)
+"""
+
+
+def group_program(blocks: list[Block], workdir: Path) -> str:
+    """One program for blocks that each run alone (:func:`group_key`): writes each block's script into a folder
+    of its own under `workdir`, and returns the program that runs them one after another in one process."""
+    calls = []
+    for i, b in enumerate(blocks):
+        folder = workdir / f"block{i}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "sample.py").write_text(program(b, []))
+        calls.append(f"_run_block({b.name!r}, {str(folder.absolute())!r}, {done_marker(b)!r})\n")
+    return _GROUP_RUNNER + "".join(calls)
+
+
+def run_group(blocks: list[Block], workdir: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run a group (:func:`group_program`) in one process. Past the timeout the process is killed and what it
+    printed comes back with return code -9: the blocks that had not run fail, and the group is not run again."""
+    try:
+        return run(blocks[0], [], workdir, timeout, source=group_program(blocks, workdir))
+    except subprocess.TimeoutExpired as exc:
+        def text(out: str | bytes | None) -> str:
+            return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+        return subprocess.CompletedProcess(exc.cmd, -9, text(exc.stdout),
+                                           text(exc.stderr) + f"\n<killed after {timeout:g} s>")
+
+
+def section(block: Block, stderr: str) -> str:
+    """What a group's run wrote to stderr while `block` ran (all of it when the block has no start line)."""
+    start = stderr.find(f"<doctest {block.name} start>")
+    if start < 0:
+        return stderr
+    following = _START.search(stderr, start + 1)
+    return stderr[start:following.start()] if following else stderr[start:]
+
+
 def ran(block: Block, result: subprocess.CompletedProcess[str]) -> bool:
-    """Whether `block`'s code ran to its end in a chain's run: its line printed by every process."""
+    """Whether `block`'s code ran to its end in a chain's or a group's run: its line printed by every process."""
     return result.stdout.count(done_marker(block)) >= int(block.option("torchrun") or 1)
 
 
