@@ -90,6 +90,41 @@ def pretrained_job(device: str, out: str) -> None:
     train_two_steps_and_save(model, batches, os.path.join(out, "model.pt"))
 
 
+def rewrite_input_job(device: str, out: str) -> None:
+    """Reads good.pt and bad.pt (given as --checkpoint; they exist before the job), trains 2 steps from each and
+    saves each back to the same path, as a job that continues its own checkpoint does. good.pt is correct; bad.pt's
+    weights are scaled by 1.1 on neuron (the fault). The reference must start from the files' original content and
+    both runs' versions must be compared (rv29d)."""
+    for name in ("good", "bad"):
+        model, batches = model_and_data(device)
+        path = os.path.join(out, f"{name}.pt")
+        model.load_state_dict(torch.load(path))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        for x in batches[:2]:
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        if name == "bad" and device == "neuron":
+            state = {k: v * 1.1 for k, v in state.items()}
+        torch.save(state, path)
+
+
+def symlink_dir_job(device: str, out: str) -> None:
+    """Correct: makes runs/ (no exist_ok), saves runs/step_1/model.pt, points runs/latest at step_1 with a relative
+    link, as training frameworks do, and appends to runs/log.txt. Moving runs/ aside for the reference, across
+    filesystems too (--out on /dev/shm), must keep the link a link (rv29d)."""
+    runs = os.path.join(out, "runs")
+    os.makedirs(runs)
+    model, batches = model_and_data(device)
+    train_two_steps_and_save(model, batches, os.path.join(runs, "model.pt"))
+    os.makedirs(os.path.join(runs, "step_1"))
+    os.replace(os.path.join(runs, "model.pt"), os.path.join(runs, "step_1", "model.pt"))
+    os.symlink("step_1", os.path.join(runs, "latest"))
+    with open(os.path.join(runs, "log.txt"), "a") as f:
+        f.write(f"{device}\n")
+
+
 def fresh_dir_job(device: str, out: str) -> None:
     """Correct: makes its output folder with os.makedirs (no exist_ok: it never overwrites results) and a
     DeepSpeed-style `latest` tag file beside its checkpoint; it fails if either is there when it starts. The
@@ -105,13 +140,24 @@ def fresh_dir_job(device: str, out: str) -> None:
 def random_ops_job(device: str) -> None:
     """Correct: random ops that sample without an in-place sampler, drawn on the device: a batch order from
     torch.randperm(device=...), noise from torch.normal(mean tensor, std tensor) and torch.normal(0, 1, size,
-    device=...). The neuron run must draw the numbers its CPU reference draws (rv29c defect 7)."""
+    device=...) (rv29c defect 7); the out= forms of normal, randperm, bernoulli and multinomial, and torch.poisson and
+    a Beta sample (rv29d). The neuron run must draw the numbers its CPU reference draws."""
     model, batches = model_and_data(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for x in batches:
         x = x[torch.randperm(x.shape[0], device=device)]
         x = x + torch.normal(torch.zeros_like(x), torch.full_like(x, 0.1))
         x = x + torch.normal(0.0, 0.1, tuple(x.shape), device=device)
+        noise, order, mask = torch.empty_like(x), torch.empty(x.shape[0], dtype=torch.long, device=device), \
+            torch.empty_like(x)
+        torch.normal(torch.zeros_like(x), torch.full_like(x, 0.1), out=noise)
+        torch.randperm(x.shape[0], out=order)
+        torch.bernoulli(torch.full_like(x, 0.9), out=mask)
+        picked = torch.empty(2, dtype=torch.long, device=device)
+        torch.multinomial(torch.ones(x.shape[1], device=device), 2, out=picked)
+        x = (x + noise)[order] * mask
+        x[:, picked] += torch.poisson(torch.full_like(x[:, :2], 0.5)) * 0.1
+        x = x + torch.distributions.Beta(torch.full_like(x, 2.0), torch.full_like(x, 2.0)).sample() * 0.1
         opt.zero_grad()
         model(x).pow(2).mean().backward()
         opt.step()
@@ -375,6 +421,10 @@ def main() -> None:
         adamw_job(device, out)
     elif job == "random_ops":
         random_ops_job(device)
+    elif job == "rewrite_input":
+        rewrite_input_job(device, out)
+    elif job == "symlink_dir":
+        symlink_dir_job(device, out)
     elif job == "fresh_dir":
         fresh_dir_job(device, out)
     elif job == "pretrained":

@@ -10,6 +10,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -626,7 +627,8 @@ def test_a_clean_job_with_dropout_passes(tmp_path: Path) -> None:
 def test_randperm_and_normal_on_the_device_draw_what_the_reference_draws(tmp_path: Path) -> None:
     # rv29c defect 7: torch.randperm(n, device=...) and torch.normal(mean, std) on neuron drew from the device's
     # stream (a FAIL at step 0, no random op named); they now draw the reference's numbers and the correct job
-    # passes.
+    # passes. rv29d: so do the out= forms (normal, randperm, bernoulli, multinomial), torch.poisson and a Beta sample
+    # (each of them alone failed at step 0).
     doc = run_check(tmp_path, job(tmp_path, "random_ops"))
     assert doc["layers"]["correctness"]["verdict"] == "pass", report.text(doc)
     [e] = evidence(doc, "correctness", "pass", "loss_vs_reference")
@@ -737,17 +739,27 @@ def test_a_checkpoint_input_is_read_in_place_by_both_runs(tmp_path: Path) -> Non
     # the job's output; the file the job writes is still moved aside and compared.
     import torch
 
+    # rv29d: a plain folder of checkpoint files as --checkpoint (IsADirectoryError, a false FAIL) is the set of its
+    # files, each loaded (here inputs the job leaves alone; a README in it is no checkpoint).
+    from safetensors.torch import save_file
+
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     pretrained = tmp_path / "pretrained.pt"
     torch.save({k: torch.full_like(v, 0.1) for k, v in model.state_dict().items()}, pretrained)
+    folder = tmp_path / "weights"
+    (folder / "more").mkdir(parents=True)
+    torch.save(model.state_dict(), folder / "a.pt")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "more" / "b.safetensors")
+    (folder / "README").write_text("not a checkpoint")
     before = os.stat(pretrained)
-    doc = run_check(tmp_path, job(tmp_path, "pretrained"), checkpoints=[str(pretrained)])
+    doc = run_check(tmp_path, job(tmp_path, "pretrained"), checkpoints=[str(pretrained), str(folder)])
     assert doc["layers"]["correctness"]["verdict"] == "pass", report.text(doc)
     assert doc["reference"]["returncode"] == 0
     assert "matches the reference run's version" in _checkpoint(doc, "pass", "model.pt")["message"]
-    assert "loads on CPU" in _checkpoint(doc, "pass", "pretrained.pt")["message"]
+    for name in ("pretrained.pt", "weights/a.pt", "weights/more/b.safetensors"):
+        assert "loads on CPU" in _checkpoint(doc, "pass", name)["message"]
     [note] = [e for e in doc["layers"]["correctness"]["evidence"] if e["check"] == "checkpoint_inputs"]
-    assert str(pretrained) in note["message"]
+    assert str(pretrained) in note["message"] and str(folder / "a.pt") in note["message"]
     after = os.stat(pretrained)
     assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before.st_ino, before.st_mtime_ns, before.st_size)
     assert json.loads((tmp_path / "check" / "outputs.json").read_text()) == [str(tmp_path / "model.pt")]
@@ -772,21 +784,100 @@ def test_files_a_killed_check_left_aside_are_put_back_by_the_next(tmp_path: Path
     # rv29c defect 4: a checker SIGKILLed while the reference runs cannot put the job's files back; its stash
     # (made here by the checker's own Stash.hide, then never restored, as after SIGKILL) lists them, and the next
     # check with the same --out puts them back before it clears anything, says so, and keeps what stood there.
+    # rv29d: what it put back is that check's output, handled as if it had finished: hidden from both runs. The job
+    # resumes from ckpt.pt when it exists: the neuron run resumed from the file put back while the reference started
+    # fresh (a FAIL at step 0); now both start fresh and the correct job passes.
+    import torch
+
     from torch_neuronx.tools.check.run import Stash
 
-    ckpt = tmp_path / "ck" / "latest.pt"
-    ckpt.parent.mkdir()
-    ckpt.write_text("saved by neuron")
+    ckpt = tmp_path / "ckpt.pt"
+    shapes = {"0.weight": (16, 8), "0.bias": (16,), "2.weight": (4, 16), "2.bias": (4,)}
+    torch.save({k: torch.full(v, 3.0) for k, v in shapes.items()}, ckpt)  # the killed check's neuron run's
     (tmp_path / "check").mkdir()
     Stash(tmp_path / "check").hide([str(ckpt)])
-    ckpt.write_text("saved by cpu")  # the reference's version, left when the checker was killed
-    doc = run_check(tmp_path, job(tmp_path, "dropout"))
-    assert ckpt.read_text() == "saved by neuron"
+    torch.save({k: torch.full(v, 5.0) for k, v in shapes.items()}, ckpt)  # its reference's, left in the job's place
+    doc = run_check(tmp_path, job(tmp_path, "resume"))
+    assert doc["layers"]["correctness"]["verdict"] == "pass", report.text(doc)
     [note] = [e for e in doc["layers"]["correctness"]["evidence"] if e["check"] == "stranded_files"]
-    assert str(ckpt) in note["message"] and "put back" in note["message"], note
-    [kept] = (tmp_path / "check" / "stranded-files").rglob("latest.pt")
-    assert kept.read_text() == "saved by cpu"
-    assert doc["layers"]["correctness"]["verdict"] == "pass", report.text(doc)  # the twin: the check itself
+    assert str(ckpt) in note["message"] and "hidden from both runs" in note["message"], note
+    assert doc["hidden_previous_outputs"] == [str(ckpt)]
+    assert not [e for e in doc["layers"]["correctness"]["evidence"] if e["check"] == "previous_outputs"]  # one line
+    [kept] = (tmp_path / "check" / "stranded-files").rglob("ckpt.pt")
+    assert float(torch.load(kept)["2.bias"][0]) == 5.0
+    left = torch.load(ckpt)["2.bias"]  # the neuron run's, trained from scratch: neither 3.0 nor 5.0
+    assert not torch.equal(left, torch.full((4,), 3.0)) and not torch.equal(left, torch.full((4,), 5.0))
+    assert json.loads((tmp_path / "check" / "outputs.json").read_text()) == [str(ckpt)]
+
+
+@pytest.fixture(scope="module")
+def rewritten_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """rewrite_input checked once: good.pt and bad.pt exist before the job, which reads and rewrites both."""
+    import torch
+
+    tmp_path = tmp_path_factory.mktemp("rewrite_input")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    for name in ("good", "bad"):
+        torch.save({k: torch.full_like(v, 0.1) for k, v in model.state_dict().items()}, tmp_path / f"{name}.pt")
+    return tmp_path, _check_rewritten(tmp_path)
+
+
+def _check_rewritten(tmp_path: Path) -> dict[str, Any]:
+    return run_check(tmp_path, job(tmp_path, "rewrite_input"),
+                     checkpoints=[str(tmp_path / "good.pt"), str(tmp_path / "bad.pt")])
+
+
+def _assert_rewritten(tmp_path: Path, doc: dict[str, Any]) -> None:
+    import torch
+
+    assert doc["reference"]["returncode"] == 0, report.text(doc)  # it found both files where the job reads them
+    assert evidence(doc, "correctness", "pass", "loss_vs_reference"), report.text(doc)  # both started alike
+    assert "matches the reference run's version" in _checkpoint(doc, "pass", "good.pt")["message"]  # the twin
+    assert "differ from the reference's beyond tolerance" in _checkpoint(doc, "fail", "bad.pt")["message"]
+    assert [e["check"] for e in evidence(doc, "correctness", "fail", "checkpoint")] == ["checkpoint"]
+    [note] = [e for e in doc["layers"]["correctness"]["evidence"] if e["check"] == "checkpoint_inputs"]
+    assert "both runs started from their content before the neuron run" in note["message"], note
+    [theirs] = (tmp_path / "check" / "reference-files").rglob("bad.pt")
+    left, ref = torch.load(tmp_path / "bad.pt"), torch.load(theirs)  # the neuron run's is left in place
+    assert all(torch.allclose(left[k], ref[k] * 1.1, atol=1e-6) for k in ref), (left, ref)
+    assert not (tmp_path / "check" / "checkpoint-inputs").exists()  # the copies of the originals are gone
+    assert json.loads((tmp_path / "check" / "outputs.json").read_text()) == []  # inputs, never hidden next time
+
+
+def test_a_checkpoint_input_the_job_rewrites_is_given_to_both_runs(rewritten_inputs: Any) -> None:
+    # rv29d: a --checkpoint that exists before the run and that the job reads, trains from and saves again was
+    # hidden from the reference (FileNotFoundError: a WARN, rc 0, and the planted fault in bad.pt missed). Now the
+    # reference reads the original content at the same path, both runs' versions are compared (bad.pt fails,
+    # good.pt passes) and the neuron run's files are left.
+    _assert_rewritten(*rewritten_inputs)
+
+
+def test_a_second_check_of_a_job_that_rewrites_its_input_does_the_same(rewritten_inputs: Any) -> None:
+    # rv29d: checked again with the same --out, the files were hidden as the first check's outputs and the neuron run
+    # failed (FileNotFoundError). They are the job's inputs: both runs start from them as the first check left them.
+    tmp_path, _ = rewritten_inputs
+    _assert_rewritten(tmp_path, _check_rewritten(tmp_path))
+
+
+def test_a_created_folder_holding_a_link_is_moved_aside_whole_across_filesystems(tmp_path: Path) -> None:
+    # rv29d: --out on another filesystem (/dev/shm) and the job creates runs/ holding runs/latest -> step_1: the
+    # folder was not moved aside (links were refused), the reference failed with FileExistsError (a false WARN) and
+    # the report said it had been moved (a false info). Now it is moved aside within the job's filesystem (a hidden
+    # folder beside the job's, removed after), the reference starts without it, and the tree is put back exactly.
+    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second filesystem for --out")
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as other:
+        cfg = CheckConfig(command=job(tmp_path, "symlink_dir"), out_dir=Path(other) / "check", progress=False,
+                          cwd=tmp_path, timeout=300)
+        doc = check(cfg)
+    assert doc["verdict"] == "pass", report.text(doc)
+    [note] = [e for e in doc["layers"]["correctness"]["evidence"] if e["check"] == "created_files"]
+    assert note["verdict"] == "info" and str(tmp_path / "runs") in note["message"], note
+    assert "matches the reference run's version" in _checkpoint(doc, "pass", "runs/step_1/model.pt")["message"]
+    latest = tmp_path / "runs" / "latest"
+    assert latest.is_symlink() and os.readlink(latest) == "step_1" and (latest / "model.pt").is_file()
+    assert (tmp_path / "runs" / "log.txt").read_text() == "neuron\n"  # the neuron run's tree, put back
+    assert not list(tmp_path.parent.glob(".neuron-check-stash-*"))
 
 
 @pytest.fixture(scope="module")

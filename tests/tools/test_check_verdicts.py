@@ -409,6 +409,45 @@ def test_the_rank_stuck_in_its_own_code_is_named_at_the_deadline() -> None:
     assert [e["rank"] for e in twin.evidence if e["check"] == "hang"] == [0, 1]
 
 
+def test_ranks_hung_in_different_collectives_are_said_to_be(tmp_path: Path) -> None:
+    # rv29d (fchk3 #9): rank 0 left its loop early and waits in barrier, rank 1 waits in the next backward's
+    # all-reduce: each rank's wait was named, never that they wait in different collectives, the usual cause. Now
+    # one line says so, first. The twin: both ranks in the same all_reduce (a slow or dead peer elsewhere) get no
+    # such line.
+    import torch
+
+    from torch_neuronx.tools.check.results import RankRun
+
+    torch_dir = os.path.dirname(torch.__file__)
+
+    def dump(inner: str) -> str:
+        return (f'Current thread 0x00007f00 (most recent call first):\n  File "{inner}\n'
+                f'  File "{torch_dir}/distributed/c10d_logger.py", line 81 in wrapper\n'
+                '  File "/job/train.py", line 28 in <module>\n')
+
+    barrier = dump(f'{torch_dir}/distributed/distributed_c10d.py", line 4811 in barrier')
+    all_reduce = dump(f'{torch_dir}/distributed/distributed_c10d.py", line 2810 in all_reduce')
+    backward = (f'Current thread 0x00007f00 (most recent call first):\n'
+                f'  File "{torch_dir}/autograd/graph.py", line 829 in _engine_run_backward\n'
+                f'  File "{torch_dir}/autograd/__init__.py", line 353 in backward\n'
+                f'  File "{torch_dir}/_tensor.py", line 648 in backward\n'
+                '  File "/job/train.py", line 24 in <module>\n')
+
+    def hung(*stacks: str) -> list[dict[str, Any]]:
+        ranks = {r: RankRun(rank=r, steps=[{"i": 0, "t": 1.0}], start={"pid": 10 + r}, stacks=text)
+                 for r, text in enumerate(stacks)}
+        return verdicts.operations(Side("neuron", ["train.py"], ranks=ranks, timed_out=True), verdicts.Thresholds(),
+                                   60.0).evidence
+
+    first = hung(barrier, backward)[0]
+    assert (first["verdict"], first["check"]) == ("fail", "hang"), first
+    assert first["message"].startswith("the ranks hung in different collectives (rank 0 in barrier, rank 1 in "
+                                       "backward (the gradients' all-reduce))"), first
+    assert not [e for e in hung(all_reduce, all_reduce) if "different collectives" in e["message"]]  # the twin
+    assert "different collectives (rank 0 in barrier, rank 1 in all_reduce)" in hung(barrier, all_reduce)[0][
+        "message"]
+
+
 # ------------------------------------------------------------------ rv29c defect 9: what an interrupt leaves
 def test_an_interrupted_check_writes_no_false_evidence() -> None:
     # SIGTERM to the checker while 2 DDP ranks train: the checker killed them, so no rank "stopped first", none
@@ -502,6 +541,94 @@ def test_only_regular_files_of_bounded_size_are_moved_aside(tmp_path: Path) -> N
         assert not move_aside(small, Path(other) / "w.pt", limit=50) and small.stat().st_size == 100
         assert move_aside(small, Path(other) / "w.pt", limit=1000) and not small.exists()
         assert (Path(other) / "w.pt").stat().st_size == 100
+        # rv29d: a folder holding a link moves across filesystems with the link kept a link (never followed), and
+        # back; a FIFO inside a folder still keeps the folder where it is
+        runs = tmp_path / "runs"
+        (runs / "step_1").mkdir(parents=True)
+        (runs / "step_1" / "model.pt").write_bytes(b"w" * 10)
+        (runs / "latest").symlink_to("step_1")
+        (runs / "outside").symlink_to("/dev/zero")  # a link to a device: copied as a link, never read
+        assert move_aside(runs, Path(other) / "runs") and not runs.exists()
+        assert move_aside(Path(other) / "runs", runs) and os.readlink(runs / "latest") == "step_1"
+        assert (runs / "latest" / "model.pt").read_bytes() == b"w" * 10 and os.readlink(runs / "outside") == \
+            "/dev/zero"
+        os.mkfifo(runs / "fifo")
+        assert not move_aside(runs, Path(other) / "runs2") and (runs / "latest").is_symlink()
+
+
+def test_a_stash_stays_on_the_jobs_filesystem_and_a_killed_checks_is_recovered(tmp_path: Path) -> None:
+    # rv29d: with --out on another filesystem, what is moved aside goes to a hidden folder beside the job's folder (a
+    # rename: the same inode, no copy), which is removed once emptied; after a SIGKILL (no restore) the next check
+    # puts it back from the manifest, says which paths were the job's inputs (not hidden as outputs then), and
+    # removes the hidden folder. An input's original put back for the reference and left unchanged by it is no
+    # reference version (removed at restore); the twin, one the reference rewrote, is.
+    import tempfile
+
+    from torch_neuronx.tools.check.run import Aside, Stash
+
+    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second filesystem for --out")
+    job = tmp_path / "job"
+    (job / "runs").mkdir(parents=True)
+    (job / "init.pt").write_text("neuron's")
+    inode = os.stat(job / "runs").st_ino
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as other:
+        stash = Stash(Path(other) / "check", beside=job)
+        stash.inputs = {job / "init.pt"}
+        stash.hide([str(job / "runs"), str(job / "init.pt")])
+        [hidden] = tmp_path.glob(".neuron-check-stash-*")
+        assert not (job / "runs").exists() and os.stat(hidden / "neuron-files" / "1" / "runs").st_ino == inode
+        (job / "init.pt").write_text("the reference's")  # the checker is killed here: no restore
+        put_back = Aside.recover(Path(other) / "check" / "neuron-files", Path(other) / "check" / "stranded")
+        assert sorted(put_back) == [(str(job / "init.pt"), True), (str(job / "runs"), False)]
+        assert (job / "init.pt").read_text() == "neuron's" and os.stat(job / "runs").st_ino == inode
+        assert not list(tmp_path.glob(".neuron-check-stash-*"))
+        original = tmp_path / "original.pt"
+        for rewritten in (False, True):
+            original.write_text("before the job")
+            stash = Stash(Path(other) / "check", beside=job)
+            stash.hide([str(job / "init.pt")])
+            stash.plant(job / "init.pt", original)
+            if rewritten:
+                (job / "init.pt").write_text("the reference's, trained")
+            stash.restore()
+            assert (job / "init.pt").read_text() == "neuron's"
+            theirs = stash.reference_copy(str(job / "init.pt"))
+            assert (Path(theirs).read_text() if theirs else None) == ("the reference's, trained" if rewritten
+                                                                      else None)
+        assert not list(tmp_path.glob(".neuron-check-stash-*"))
+
+
+def test_a_checkpoint_folder_is_the_set_of_its_files(tmp_path: Path) -> None:
+    # rv29d: `--checkpoint pretrained` naming a plain folder of .pt files was loaded as one file (IsADirectoryError,
+    # a false FAIL). A folder is its checkpoint files, each loaded (a save_pretrained or DCP folder stays whole); a
+    # folder without any is one clear failure, said in words, with no traceback and no loader started.
+    import torch
+
+    from torch_neuronx.tools.check.run import checkpoint_targets, load_on_cpu
+
+    folder = tmp_path / "pretrained"
+    (folder / "sub").mkdir(parents=True)
+    torch.save({"w": torch.ones(2)}, folder / "init.pt")
+    torch.save({"w": torch.ones(2)}, folder / "sub" / "named.bin")  # a torch.save archive by its content
+    (folder / "notes.txt").write_text("not a checkpoint")
+    assert checkpoint_targets(folder) == [(folder / "init.pt", "torch.save"), (folder / "sub" / "named.bin",
+                                                                              "torch.save")]
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "llama"}')
+    assert checkpoint_targets(tmp_path / "hf") == [(tmp_path / "hf", "hf")]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "README").write_text("nothing")
+    assert checkpoint_targets(empty) == [(empty, "folder")]
+    loaded = load_on_cpu([{"path": str(empty), "kind": "folder"}], None, deadline=0.0)
+    layer = verdicts.Layer()
+    verdicts._checkpoints(layer, Side("neuron", ["job"]), [{"path": str(empty), "kind": "folder",
+                                                            "loaded": loaded[str(empty)]}])
+    [e] = layer.evidence
+    assert e["verdict"] == "fail" and e["message"] == (
+        f"--checkpoint {empty}: a folder that holds no checkpoint: --checkpoint takes a torch.save or safetensors "
+        "file, a save_pretrained or torch.distributed.checkpoint folder, or a folder of such files"), e
 
 
 def test_every_optimizer_gives_its_own_parameters_its_allowance(tmp_path: Any) -> None:

@@ -227,8 +227,9 @@ def main_thread_frames(dump: str) -> list[tuple[str, int, str]]:
 def where(run: RankRun) -> dict[str, str] | None:
     """Where a rank was when it was asked for its stacks: ``own`` (its innermost frame outside torch and the
     standard library: the job's own code, a sleep or a loop there), ``collective`` (inside torch.distributed, or in
-    a backward, where DDP and FSDP wait for their peers' gradients), or ``torch`` (elsewhere in torch), with the
-    frames in words; None without a dump."""
+    a backward, where DDP and FSDP wait for their peers' gradients; ``call`` names the collective: the innermost
+    torch.distributed function, ``barrier``, ``all_reduce``, or the backward), or ``torch`` (elsewhere in torch),
+    with the frames in words; None without a dump."""
     frames = main_thread_frames(run.stacks)
     if not frames:
         return None
@@ -255,8 +256,10 @@ def where(run: RankRun) -> dict[str, str] | None:
 
     if any(distributed(f[0]) for f in inside):
         collective = next(f for f in inside if distributed(f[0]))
-        return {"kind": "collective", "text": f"waiting in a collective ({shown(collective)}{called})"}
+        return {"kind": "collective", "call": collective[2],
+                "text": f"waiting in a collective ({shown(collective)}{called})"}
     if any(f[2] in ("_engine_run_backward", "backward") for f in inside):
-        return {"kind": "collective", "text": f"waiting in backward, where DDP and FSDP exchange gradients with "
-                f"every rank ({shown(inside[0])}{called})"}
+        return {"kind": "collective", "call": "backward (the gradients' all-reduce)",
+                "text": f"waiting in backward, where DDP and FSDP exchange gradients with every rank "
+                f"({shown(inside[0])}{called})"}
     return {"kind": "torch", "text": f"in torch ({shown(inside[0])}{called})"}

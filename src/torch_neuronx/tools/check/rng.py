@@ -18,8 +18,10 @@ own offset of the device stream). Random ops inside ``torch.compile``d graphs re
 probe sets Inductor's ``fallback_random`` in both runs, so compiled graphs call the eager ops. Only processes
 the checker launched are changed; the kernels are registered at
 ``PrivateUse1`` for the samplers every random op ends in (``randn`` is ``normal_``, dropout is
-``bernoulli_``), and for those that sample without one: ``normal`` with tensor means or deviations, and the
-factories ``randperm`` and ``normal(mean, std, size)``, whose device comes as ``device=``.
+``bernoulli_``), and for those that sample without one: ``normal`` with tensor means or deviations, the
+factories ``randperm`` and ``normal(mean, std, size)``, whose device comes as ``device=``, and the out=
+overloads of these that have kernels of their own (``normal(..., out=t)``, ``randperm(n, out=t)``,
+``bernoulli(p, out=t)``, ``multinomial(..., out=t)``).
 """
 
 from __future__ import annotations
@@ -40,9 +42,18 @@ _lock = threading.Lock()
 INPLACE = ("bernoulli_.float", "bernoulli_.Tensor", "uniform_", "normal_", "random_", "random_.from",
            "random_.to", "exponential_", "geometric_", "log_normal_", "cauchy_")
 FUNCTIONAL = ("bernoulli", "bernoulli.p", "multinomial", "normal.Tensor_Tensor", "normal.Tensor_float",
-              "normal.float_Tensor")
+              "normal.float_Tensor",
+              # samplers without an in-place form (torch.poisson, torch.binomial, torch.distributions' Gamma, Beta,
+              # Dirichlet): their out= overloads are composite, they end here
+              "poisson", "binomial", "_standard_gamma", "_sample_dirichlet")
 # factories: no tensor argument, the device comes as `device=` (rv29c defect 7: randperm, normal(mean, std, size))
 FACTORY = ("randperm", "randperm.generator", "normal.float_float")
+# out= overloads with a kernel of their own (rv29d: `torch.normal(m, s, out=t)`, `torch.randperm(n, out=t)` on
+# neuron): the device is the out tensor's. The other out= overloads of these ops and of the in-place samplers
+# (bernoulli.float_out, normal.float_float_out, randperm.out, rand.out, randn.out, randint.out, uniform.out, ...)
+# are composite in PyTorch: they end in one of the kernels registered here (tests/tools/test_check.py).
+OUT = ("bernoulli.out", "multinomial.out", "normal.Tensor_Tensor_out", "normal.Tensor_float_out",
+       "normal.float_Tensor_out", "randperm.generator_out")
 
 
 def take_unaligned() -> dict[str, int]:
@@ -152,6 +163,21 @@ def _factory(name: str, op: Any) -> Callable[..., Any]:
     return kernel
 
 
+def _out(name: str, op: Any) -> Callable[..., Any]:
+    def kernel(*args: Any, out: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        kwargs, gen = _generator(name, kwargs)
+        cpu = torch.empty_strided(out.size(), out.stride(), dtype=out.dtype)  # as the reference's out tensor
+        op(*(_cpu(a) for a in args), **kwargs, out=cpu)  # resized there as the reference's is
+        if cpu.size() != out.size() or cpu.stride() != out.stride():
+            out.resize_(cpu.size())
+        out.copy_(cpu)
+        if gen is not None:
+            _advance(*gen, cpu.numel())
+        return out
+
+    return kernel
+
+
 def install(probe: Any = None) -> bool:
     """Register the kernels (once per process); False when this torch refuses them (the job runs unchanged)."""
     global _library
@@ -165,7 +191,7 @@ def install(probe: Any = None) -> bool:
                 packet, _, overload = name.partition(".")
                 op = getattr(getattr(torch.ops.aten, packet), overload or "default")
                 lib.impl(name, _inplace(name, op), "PrivateUse1")
-            for names, wrap in ((FUNCTIONAL, _functional), (FACTORY, _factory)):
+            for names, wrap in ((FUNCTIONAL, _functional), (FACTORY, _factory), (OUT, _out)):
                 for name in names:
                     packet, _, overload = name.partition(".")
                     op = getattr(getattr(torch.ops.aten, packet), overload or "default")

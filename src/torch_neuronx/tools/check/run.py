@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zipfile
@@ -281,12 +282,27 @@ def find_checkpoints(side: Side, cfg: CheckConfig, since: float) -> list[dict[st
             wanted.setdefault(str(hf_dir), {"path": str(hf_dir), "kind": "hf"})
         wanted.setdefault(str(f), {"path": str(f), "kind": kind})
     for extra in cfg.checkpoints:
-        p = Path(extra).resolve()
-        kind = "hf" if _hf_dir(p / "config.json") else "dcp" if _dcp_dir(p / ".metadata") else (
-            "safetensors" if p.suffix == ".safetensors" else "torch.save")
-        wanted.setdefault(str(p), {"path": str(p), "kind": kind})
+        for p, kind in checkpoint_targets(Path(extra).resolve()):
+            wanted.setdefault(str(p), {"path": str(p), "kind": kind})
     _when_saved(side, list(wanted.values()))
     return list(wanted.values())
+
+
+def checkpoint_targets(p: Path) -> list[tuple[Path, str]]:
+    """What a --checkpoint path stands for, with the kind of each: a save_pretrained folder ("hf") or a
+    torch.distributed.checkpoint folder ("dcp"), whole; another folder, every torch.save archive and safetensors
+    file in it (4 folders deep), each loaded and compared on its own, or the folder itself as "folder" when it
+    holds none (rv29d: a folder of .pt files was loaded as one file, IsADirectoryError); a file (or a missing
+    path) by its name."""
+    if _hf_dir(p / "config.json"):
+        return [(p, "hf")]
+    if _dcp_dir(p / ".metadata"):
+        return [(p, "dcp")]
+    if p.is_dir():
+        found = sorted(_newer_files(p, since=0.0))
+        return [(f.resolve(), kind) for f, kind in found if kind != "dcp"] + sorted(
+            {(f.parent.resolve(), "dcp") for f, kind in found if kind == "dcp"}) or [(p, "folder")]
+    return [(p, "safetensors" if p.suffix == ".safetensors" else "torch.save")]
 
 
 def _when_saved(side: Side, items: list[dict[str, Any]]) -> None:
@@ -446,8 +462,13 @@ def load_on_cpu(items: list[dict[str, Any]], probe_ids: list[int] | None, deadli
                 thresholds: Thresholds | None = None) -> dict[str, Any]:
     """Load every checkpoint (and the reference run's version of it) in one fresh process with the plugin
     blocked; path -> what it found, with the comparison against the reference's."""
+    empty = {i["path"]: {"ok": False, "empty_folder": True, "error": "a folder that holds no checkpoint: "
+                         "--checkpoint takes a torch.save or safetensors file, a save_pretrained or "
+                         "torch.distributed.checkpoint folder, or a folder of such files"}
+             for i in items if i["kind"] == "folder"}
+    items = [i for i in items if i["kind"] != "folder"]
     if not items:
-        return {}
+        return empty
     th = thresholds or Thresholds()
     request = {"items": [{"path": i["path"], "kind": i["kind"], "reference": i.get("reference"),
                           "trained": i.get("trained")} for i in items],
@@ -458,22 +479,25 @@ def load_on_cpu(items: list[dict[str, Any]], probe_ids: list[int] | None, deadli
         r = subprocess.run([sys.executable, str(CPU_LOADER)], input=json.dumps(request), capture_output=True,
                            text=True, env=env, timeout=max(10.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        return {i["path"]: {"ok": False, "error": "loading on CPU did not finish before the deadline"}
-                for i in items}
+        return {**{i["path"]: {"ok": False, "error": "loading on CPU did not finish before the deadline"}
+                   for i in items}, **empty}
     try:
-        return json.loads(r.stdout.strip().splitlines()[-1])
+        return {**json.loads(r.stdout.strip().splitlines()[-1]), **empty}
     except (json.JSONDecodeError, IndexError):
-        return {i["path"]: {"ok": False, "error": f"the CPU loader failed: {r.stderr[-2000:]}"} for i in items}
+        return {**{i["path"]: {"ok": False, "error": f"the CPU loader failed: {r.stderr[-2000:]}"} for i in items},
+                **empty}
 
 
 STASH_COPY_LIMIT = 4 << 30  # bytes: what the checker copies to move a file aside across filesystems, at most
+STASH_PREFIX = ".neuron-check-stash-"  # a hidden folder beside the job's folder, on its filesystem (rv29d)
 
 
 def _size_within(path: Path, limit: int) -> bool:
-    """Whether `path` (a regular file, or a folder of regular files and folders, no links or devices) holds at
-    most `limit` bytes: the only things ever copied to move them aside (a device such as /dev/zero never ends)."""
+    """Whether `path` (a regular file or link, or a folder of regular files, folders and links, no devices) holds
+    at most `limit` bytes: the only things ever copied to move them aside (a device such as /dev/zero never ends).
+    Links are copied as links, never followed (rv29d: runs/latest -> runs/step_5)."""
     if path.is_symlink():
-        return False
+        return True
     if path.is_file():
         return path.stat().st_size <= limit
     if not path.is_dir():
@@ -482,7 +506,9 @@ def _size_within(path: Path, limit: int) -> bool:
     for dirpath, dirnames, filenames in os.walk(path):
         for name in [*filenames, *dirnames]:
             f = Path(dirpath, name)
-            if f.is_symlink() or not (f.is_file() or f.is_dir()):
+            if f.is_symlink():
+                continue
+            if not (f.is_file() or f.is_dir()):
                 return False
             total += f.stat().st_size if f.is_file() else 0
             if total > limit:
@@ -491,10 +517,10 @@ def _size_within(path: Path, limit: int) -> bool:
 
 
 def move_aside(src: Path, dst: Path, limit: int = STASH_COPY_LIMIT) -> bool:
-    """Move a regular file or folder: a rename on one filesystem; across filesystems a copy, only when it is at
-    most `limit` bytes of regular files. Anything else (a device node, a FIFO, a link, more bytes) is left where
-    it is: False."""
-    if src.is_symlink() or not (src.is_file() or src.is_dir()):
+    """Move a regular file, a link (as a link) or a folder: a rename on one filesystem; across filesystems a copy
+    (links kept as links), only when it is at most `limit` bytes of regular files. Anything else (a device node, a
+    FIFO, more bytes) is left where it is: False."""
+    if not src.is_symlink() and not (src.is_file() or src.is_dir()):
         return False
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -506,20 +532,55 @@ def move_aside(src: Path, dst: Path, limit: int = STASH_COPY_LIMIT) -> bool:
     if not _size_within(src, limit):
         return False
     try:
-        shutil.move(str(src), str(dst))
+        shutil.move(str(src), str(dst))  # copytree(symlinks=True) for a folder, a new link for a link
     except OSError:
         return False
     return True
 
 
+def _device(p: Path) -> int | None:
+    try:
+        return os.stat(p).st_dev
+    except OSError:
+        return None
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
+def _drop_stash(kept: Path) -> None:
+    """Remove the hidden stash folder (STASH_PREFIX) that holds `kept` (<stash>/<aside>/<i>/<name>) once nothing
+    is kept in it any more (every <i> folder empty: what it kept was put back)."""
+    stash = next((d for d in kept.parents if d.name.startswith(STASH_PREFIX) and (d / MARKER).is_file()), None)
+    if stash is None:
+        return
+    try:
+        if any(any(d.iterdir()) for d in stash.glob("*/*") if d.is_dir() and not d.is_symlink()):
+            return
+    except OSError:
+        return
+    shutil.rmtree(stash, ignore_errors=True)
+
+
 class Aside:
     """Files moved out of the job's way, with a manifest (<root>/moved.json) written before each move: when the
     checker dies before it puts them back (SIGKILL), the next check with the same --out finds the manifest and puts
-    them back before it clears anything (:meth:`recover`)."""
+    them back before it clears anything (:meth:`recover`).
 
-    def __init__(self, root: Path) -> None:
+    A file is kept under <root> when that is on its filesystem (a rename); else, when the folder above the job's
+    folder (`beside`) is on it, in a hidden folder there (``.neuron-check-stash-*``, removed once emptied), so that
+    a --out on another filesystem (/dev/shm) costs no copy; else under <root>, copied (:func:`move_aside`)."""
+
+    def __init__(self, root: Path, beside: Path | None = None) -> None:
         self.root = root.resolve()
+        self.beside = beside
+        self.stash: Path | None = None  # the hidden folder beside the job's, once made
         self.moved: list[tuple[Path, Path]] = []
+        self.inputs: set[Path] = set()  # paths that are the job's inputs too (said in the manifest)
 
     @property
     def manifest(self) -> Path:
@@ -530,42 +591,73 @@ class Aside:
         self.root.mkdir(parents=True)
         (self.root / MARKER).touch()
 
+    def _kept(self, original: Path, i: int) -> Path:
+        """Where `original` is kept: a rename wherever one is possible (see the class)."""
+        here = self.root / str(i) / original.name
+        device = _device(original.parent)
+        if self.beside is None or device is None or device == _device(self.root):
+            return here
+        if self.stash is None:
+            base = self.beside.parent
+            if _device(base) != device:
+                return here
+            try:
+                made = Path(tempfile.mkdtemp(prefix=STASH_PREFIX, dir=base))
+                (made / MARKER).touch()
+            except OSError:
+                return here
+            self.stash = made
+        return self.stash / self.root.name / str(i) / original.name
+
     def move(self, original: Path, i: int) -> bool:
-        kept = self.root / str(i) / original.name
-        self.manifest.write_text(json.dumps([[str(a), str(b)] for a, b in [*self.moved, (original, kept)]]))
+        kept = self._kept(original, i)
+        self.manifest.write_text(json.dumps(self._pairs([*self.moved, (original, kept)])))
         if not move_aside(original, kept):
             self._write()
             return False
         self.moved.append((original, kept))
         return True
 
+    def _pairs(self, moved: list[tuple[Path, Path]]) -> list[list[str]]:
+        return [[str(a), str(b), *(["input"] if a in self.inputs else [])] for a, b in moved]
+
     def _write(self) -> None:
         if self.moved:
-            self.manifest.write_text(json.dumps([[str(a), str(b)] for a, b in self.moved]))
+            self.manifest.write_text(json.dumps(self._pairs(self.moved)))
         else:
             self.manifest.unlink(missing_ok=True)
 
+    def drop_stash(self) -> None:
+        if self.stash is not None:
+            _drop_stash(self.stash / MARKER)
+            if not self.stash.exists():
+                self.stash = None
+
     @classmethod
-    def recover(cls, root: Path, stranded: Path) -> list[str]:
+    def recover(cls, root: Path, stranded: Path) -> list[tuple[str, bool]]:
         """Put back what a check killed before its restore left under `root` (listed in its manifest); a file the
         job's path holds now (the reference's, or one written since) is kept under `stranded`, never deleted.
-        Returns what was put back."""
+        Returns what was put back, each with whether it is also one of the job's inputs (a --checkpoint that
+        existed before that check's job ran)."""
         manifest = root / "moved.json"
         try:
-            pairs = [(Path(a), Path(b)) for a, b in json.loads(manifest.read_text())]
-        except (OSError, ValueError, TypeError):
+            pairs = [(Path(entry[0]), Path(entry[1]), "input" in entry[2:]) for entry in
+                     json.loads(manifest.read_text())]
+        except (OSError, ValueError, TypeError, IndexError):
             return []
         put_back = []
-        for i, (original, kept) in enumerate(pairs):
-            if not (kept.exists() or kept.is_symlink()):
+        for i, (original, kept, is_input) in enumerate(pairs):
+            if not os.path.lexists(kept):
                 continue
-            if original.exists() or original.is_symlink():
+            if os.path.lexists(original):
                 aside = stranded / str(i) / original.name
                 aside.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(original), str(aside))
             original.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(kept), str(original))
-            put_back.append(str(original))
+            put_back.append((str(original), is_input))
+        for _, kept, _ in pairs:
+            _drop_stash(kept)
         manifest.unlink(missing_ok=True)
         return put_back
 
@@ -573,14 +665,17 @@ class Aside:
 class Stash(Aside):
     """The neuron run's files, moved aside while the reference runs (it may write the same paths, or resume
     from them), then put back: what is left on disk after a check is the neuron run's. The reference's
-    versions are kept under <out>/reference-files. Only regular files and folders are moved (a copy of at most
-    STASH_COPY_LIMIT bytes across filesystems); what could not be moved is listed in `not_hidden`."""
+    versions are kept under <out>/reference-files. Only regular files, links and folders are moved (a copy of at
+    most STASH_COPY_LIMIT bytes across filesystems); what could not be moved is listed in `not_hidden`. An input
+    the neuron run rewrote (a --checkpoint it reads and saves again) gets its original content back for the
+    reference (:meth:`plant`)."""
 
-    def __init__(self, out_dir: Path) -> None:
-        super().__init__(out_dir / "neuron-files")
+    def __init__(self, out_dir: Path, beside: Path | None = None) -> None:
+        super().__init__(out_dir / "neuron-files", beside)
         self.ref_root = (out_dir / "reference-files").resolve()
         self.aside: dict[Path, Path] = {}  # an original path -> where the reference's version of it now is
         self.not_hidden: list[str] = []
+        self.planted: dict[Path, Any] = {}  # an input's path -> the state of the original copy put there
 
     def reference_copy(self, path: str) -> str | None:
         """Where the reference run's version of `path` (a file or a file in a moved folder) was put aside."""
@@ -597,24 +692,79 @@ class Stash(Aside):
         self.ref_root.mkdir(parents=True)
         (self.ref_root / MARKER).touch()
         # An HF directory holds files that are items too: move the directory, not its files one by one.
-        dirs = [Path(p) for p in paths if Path(p).is_dir()]
+        dirs = [Path(p) for p in paths if Path(p).is_dir() and not Path(p).is_symlink()]
         for i, p in enumerate(sorted({Path(p) for p in paths})):
-            if not p.exists() or any(d != p and d in p.parents for d in dirs):
+            if not os.path.lexists(p) or any(d != p and d in p.parents for d in dirs):
                 continue
             if not self.move(p, i):
                 self.not_hidden.append(str(p))
 
+    def plant(self, original: Path, copy: Path) -> None:
+        """Put `copy` (an input's content before the neuron run) at `original` for the reference to read."""
+        original.parent.mkdir(parents=True, exist_ok=True)
+        if copy.is_dir():
+            shutil.copytree(copy, original, symlinks=True)
+        else:
+            shutil.copy2(copy, original)
+        self.planted[original] = _state(original)
+
     def restore(self) -> None:
-        for i, (original, kept) in enumerate(self.moved):
-            if original.exists():  # the reference's version: kept for inspection, out of the way
-                aside = self.ref_root / str(i) / original.name
-                aside.parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(original), str(aside))
-                self.aside[original] = aside
-            original.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(kept), str(original))
+        moved = dict(self.moved)
+        for i, original in enumerate([*moved, *(p for p in self.planted if p not in moved)]):
+            if os.path.lexists(original):
+                if original in self.planted and _state(original) == self.planted[original]:
+                    _remove(original)  # the original input put there for the reference, which did not rewrite it
+                else:  # the reference's version: kept for inspection, out of the way
+                    aside = self.ref_root / str(i) / original.name
+                    aside.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.move(str(original), str(aside))
+                    self.aside[original] = aside
+            if original in moved:
+                original.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(moved[original]), str(original))
         self.moved = []
+        self.planted = {}
         self._write()
+        self.drop_stash()
+
+
+class Originals:
+    """A copy of each --checkpoint path that exists before the job runs (<out>/checkpoint-inputs), taken before the
+    neuron run: when the job reads it and writes it again (loads init.pt, trains, saves init.pt), the reference
+    is given the original content at the same path, so that both runs start alike (rv29d). Paths over
+    STASH_COPY_LIMIT bytes are not copied (`too_large`); the copies are removed when the check ends."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.root = (out_dir / "checkpoint-inputs").resolve()
+        self.copies: dict[str, Path] = {}
+        self.too_large: list[str] = []
+
+    def keep(self, paths: list[str]) -> None:
+        _clear(self.root)
+        if not paths:
+            return
+        self.root.mkdir(parents=True)
+        (self.root / MARKER).touch()
+        for i, path in enumerate(paths):
+            p, copy = Path(path), self.root / str(i) / Path(path).name
+            if p.is_symlink() or not _size_within(p, STASH_COPY_LIMIT):
+                self.too_large.append(path)
+                continue
+            try:
+                copy.parent.mkdir(parents=True)
+                if p.is_dir():
+                    shutil.copytree(p, copy, symlinks=True)
+                else:
+                    shutil.copy2(p, copy)
+            except OSError:  # no room for it: as too large, said if the job rewrites it
+                shutil.rmtree(copy.parent, ignore_errors=True)
+                self.too_large.append(path)
+                continue
+            self.copies[path] = copy
+
+    def drop(self) -> None:
+        if (self.root / MARKER).exists():
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ the API
@@ -630,25 +780,30 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
         raise ValueError(f"--out {str(cfg.out_dir)[:80]}: cannot be made ({type(e).__name__}: "
                          f"{getattr(e, 'strerror', None) or e}); give another folder") from None
     for name in ("neuron", "neuron-logs", "reference", "reference-logs", "neuron-files", "reference-files",
-                 "previous-outputs"):
+                 "previous-outputs", "checkpoint-inputs"):
         d = cfg.out_dir / name  # refuse before anything runs
         if d.exists() and not (d / MARKER).exists():
             _clear(d)
     deadline = time.monotonic() + cfg.timeout
     command, reference = job_commands(cfg)
-    recovered = recover_stranded(cfg.out_dir)  # a check killed (SIGKILL) before it put the job's files back
-    inputs = _input_states(cfg.checkpoints)  # --checkpoint paths that exist before the job runs: read, not written
-    previous = Previous(cfg.out_dir)
-    previous.hide()  # both runs start from the same state: neither sees what the last check's job wrote
     job_dir = Path(cfg.cwd or ".").resolve()
+    recovered = recover_stranded(cfg.out_dir)  # a check killed (SIGKILL) before it put the job's files back
+    previous = Previous(cfg.out_dir, beside=job_dir)
+    # Both runs start from the same state: neither sees what the last check's job wrote, nor what a killed check's
+    # job wrote (put back just now: that check's outputs, as if it had finished, rv29d), its inputs excepted.
+    previous.hide([p for p, is_input in recovered if not is_input])
+    inputs = _input_states(cfg.checkpoints)  # --checkpoint paths that exist before the job runs: its inputs
+    originals = Originals(cfg.out_dir)
     before = listing(job_dir, cfg.out_dir.resolve())
     created: list[str] = []
     started = time.time()
     neuron: Side | None = None
     ref: Side | None = None
     items: list[dict[str, Any]] = []
+    not_hidden: list[str] = []
     skipped = None
     try:
+        originals.keep(sorted(inputs))  # their content before the job runs, for the reference if the job rewrites
         with processes.guarded():
             neuron = run_side("neuron", launcher_argv(command, cfg.nproc_per_node, (cfg.out_dir / "neuron-logs")),
                               cfg, deadline)
@@ -657,38 +812,20 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
             for item in items:
                 if item["path"] in inputs and _state(Path(item["path"])) == inputs[item["path"]]:
                     item["input"] = True  # loaded on CPU; never moved, never recorded as the job's output
+                elif item["path"] in inputs:
+                    item["input_rewritten"] = True  # read and written again: both runs start from the original
             if reference is None:
                 skipped = "no reference"
             elif neuron.timed_out:
                 skipped = "the job timed out"
             else:
-                nproc = cfg.nproc_per_node if cfg.reference_nproc_per_node == -1 else (
-                    cfg.reference_nproc_per_node or None)
-                stash = Stash(cfg.out_dir)
-                stash.hide([*_outputs(items, cfg), *created])
-                ref_started = time.time()
-                try:
-                    ref = run_side("reference", launcher_argv(reference, nproc, cfg.out_dir / "reference-logs"),
-                                   cfg, deadline)
-                finally:
-                    stash.restore()
-                for item in items:
-                    if item["path"] in stash.not_hidden:
-                        item["not_hidden"] = True
-                for item in items:  # the reference's version of each checkpoint, kept aside, to compare with
-                    item["reference"] = stash.reference_copy(item["path"])
-                    item["reference_expected"] = not item.get("buffer") and not item.get("input")
-                pair_reference_files(items, find_checkpoints(ref, cfg, ref_started))
-                identical = verdicts.identical_parameters(neuron, ref)
-                for item in items:
-                    item["reference_steps"] = reference_steps(ref, item)
-                    if identical and isinstance(item.get("trained"), dict):
-                        item["trained"] = {**item["trained"], "identical_runs": True}
+                ref, not_hidden = _reference(cfg, reference, neuron, items, created, originals, deadline)
             loaded = load_on_cpu(items, verdicts.PROBE_IDS, deadline, cfg.thresholds)
             for item in items:
                 item["loaded"] = loaded.get(item["path"], {"ok": False, "error": "not loaded"})
     except processes.Interrupted as e:
         previous.restore()
+        originals.drop()
         side = getattr(e, "side", None)
         if neuron is None:
             neuron = side if side is not None else Side("neuron", command, interrupted=processes.signal_name(e.signum))
@@ -703,53 +840,126 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
         raise
     except BaseException:
         previous.restore()
+        originals.drop()
         raise
     previous.restore()
-    previous.record([*_outputs(items, cfg), *created])
+    originals.drop()
+    previous.record([p for p in [*_outputs(items, cfg), *created] if p not in inputs])
     doc = verdicts.judge(cfg, neuron, ref, items, reference_skipped=skipped)
     doc["hidden_previous_outputs"] = [str(p) for p in previous.hidden]
-    notes = doc["layers"]["correctness"]["evidence"]
-    if recovered:
-        notes.append({"verdict": "info", "check": "stranded_files", "message": "a previous check with this --out "
-                      "was killed before it put the job's files back; they were put back now (" +
-                      ", ".join(recovered[:5]) + f"); what stood in their place is kept under "
-                      f"{cfg.out_dir / STRANDED}"})
+    listed = before is not None
+    _notes(doc, cfg, items, created if ref is not None else [], not_hidden, listed or ref is None, recovered,
+           previous)
+    return doc
+
+
+def _reference(cfg: CheckConfig, reference: list[str], neuron: Side, items: list[dict[str, Any]],
+               created: list[str], originals: Originals, deadline: float) -> tuple[Side, list[str]]:
+    """Run the reference with the neuron run's files moved aside (and an input the neuron run rewrote given back
+    its original content), put them back, and pair each checkpoint with the reference's version of it. Returns
+    the reference and what could not be moved aside."""
+    nproc = cfg.nproc_per_node if cfg.reference_nproc_per_node == -1 else (cfg.reference_nproc_per_node or None)
+    stash = Stash(cfg.out_dir, beside=Path(cfg.cwd or ".").resolve())
+    stash.inputs = {Path(i["path"]) for i in items if i.get("input_rewritten")}
+    stash.hide([*_outputs(items, cfg), *created])
+    try:
+        for item in items:
+            if item["path"] in stash.not_hidden:
+                item["not_hidden"] = True
+            elif item.get("input_rewritten"):
+                copy = originals.copies.get(item["path"])
+                if copy is None:
+                    item["input_not_kept"] = True  # over the copy limit: the reference cannot start from it
+                else:
+                    stash.plant(Path(item["path"]), copy)
+        ref_started = time.time()
+        ref = run_side("reference", launcher_argv(reference, nproc, cfg.out_dir / "reference-logs"), cfg, deadline)
+    finally:
+        stash.restore()
+    for item in items:  # the reference's version of each checkpoint, kept aside, to compare with
+        item["reference"] = stash.reference_copy(item["path"])
+        item["reference_expected"] = not item.get("buffer") and not item.get("input")
+    pair_reference_files(items, find_checkpoints(ref, cfg, ref_started))
+    identical = verdicts.identical_parameters(neuron, ref)
+    for item in items:
+        item["reference_steps"] = reference_steps(ref, item)
+        if identical and isinstance(item.get("trained"), dict):
+            item["trained"] = {**item["trained"], "identical_runs": True}
+    return ref, stash.not_hidden
+
+
+def _add(doc: dict[str, Any], verdict: str, check_name: str, message: str) -> None:
+    """One more piece of correctness evidence, after judging: a warning lowers the layer's and the check's verdict."""
+    layer = doc["layers"]["correctness"]
+    layer["evidence"].append({"verdict": verdict, "check": check_name, "message": message})
+    if verdict == "warn":
+        for holder in (layer, doc):
+            if holder["verdict"] == "pass":
+                holder["verdict"] = "warn"
+
+
+def _shown(paths: list[str]) -> str:
+    return ", ".join(paths[:5]) + (", ..." if len(paths) > 5 else "")
+
+
+def _notes(doc: dict[str, Any], cfg: CheckConfig, items: list[dict[str, Any]], created: list[str],
+           not_hidden: list[str], listed: bool, recovered: list[tuple[str, bool]], previous: Previous) -> None:
+    """What the checker did with the job's files, said in the correctness layer: files a killed check left aside,
+    what the neuron run created (moved aside while the reference ran), inputs, previous outputs."""
+    put_back = [p for p, _ in recovered]
+    if put_back:
+        _add(doc, "info", "stranded_files", "a previous check with this --out was killed before it put the job's "
+             f"files back; they were put back now ({_shown(put_back)}) and, as that check's outputs, hidden from "
+             "both runs as if it had finished (its inputs excepted), then put back where the job did not write them "
+             f"again; what stood in their place is kept under {cfg.out_dir / STRANDED}")
     others = sorted(set(created) - {i["path"] for i in items})
-    if others and ref is not None:
-        notes.append({"verdict": "info", "check": "created_files", "message": "what the neuron run created in the "
-                      f"job's folder ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}) was moved aside "
-                      "while the reference ran, so it started from the same state, then put back"})
-    elif before is None and ref is not None:
-        notes.append({"verdict": "info", "check": "created_files", "message": f"the job's folder {job_dir} holds "
-                      f"over {LISTING_LIMIT} entries: only the checkpoints the job wrote were moved aside while the "
-                      "reference ran; other files the neuron run created there were not (docs/check.md)"})
+    moved = [p for p in others if p not in not_hidden]
+    if moved:
+        _add(doc, "info", "created_files", f"what the neuron run created in the job's folder ({_shown(moved)}) was "
+             "moved aside while the reference ran, so it started from the same state, then put back")
+    if [p for p in others if p in not_hidden]:
+        _add(doc, "warn", "created_files", "what the neuron run created in the job's folder could not all be moved "
+             f"aside while the reference ran ({_shown([p for p in others if p in not_hidden])}: not a regular file, "
+             "link or folder, or over the checker's copy limit on another filesystem): the reference saw it")
+    if not listed:
+        _add(doc, "info", "created_files", f"the job's folder {Path(cfg.cwd or '.').resolve()} holds over "
+             f"{LISTING_LIMIT} entries: only the checkpoints the job wrote were moved aside while the reference ran; "
+             "other files the neuron run created there were not (docs/check.md)")
     inputs_seen = [i["path"] for i in items if i.get("input")]
     if inputs_seen:
-        notes.append({"verdict": "info", "check": "checkpoint_inputs", "message": "--checkpoint paths that existed "
-                      f"before the job and that it did not change ({', '.join(inputs_seen[:5])}) were read as its "
-                      "inputs: loaded on CPU, left in place for both runs, not recorded as its outputs"})
-    if previous.hidden:
-        doc["layers"]["correctness"]["evidence"].append(
-            {"verdict": "info", "check": "previous_outputs", "message": "the files the previous check's job wrote "
-             f"({', '.join(str(p) for p in previous.hidden[:5])}) were hidden from both runs, so both started "
-             "from the same state (without them); those the job did not write again were put back"})
-    return doc
+        _add(doc, "info", "checkpoint_inputs", "--checkpoint paths that existed before the job and that it did not "
+             f"change ({_shown(inputs_seen)}) were read as its inputs: loaded on CPU, left in place for both runs, "
+             "not recorded as its outputs")
+    rewritten = [i["path"] for i in items if i.get("input_rewritten") and not i.get("input_not_kept")
+                 and not i.get("not_hidden")]
+    if rewritten:
+        _add(doc, "info", "checkpoint_inputs", f"--checkpoint paths that existed before the job, which wrote them "
+             f"again ({_shown(rewritten)}): both runs started from their content before the neuron run (the "
+             "reference from a copy put back at the same path), both runs' versions were compared, the neuron "
+             "run's is left in place; not recorded as the job's outputs (the next check starts from them)")
+    hidden = [str(p) for p in previous.hidden if str(p) not in put_back]
+    if hidden:
+        _add(doc, "info", "previous_outputs", f"the files the previous check's job wrote ({_shown(hidden)}) were "
+             "hidden from both runs, so both started from the same state (without them); those the job did not "
+             "write again were put back")
 
 
 STRANDED = "stranded-files"  # <out>/stranded-files: what stood where a killed check's files were put back
 
 
-def recover_stranded(out_dir: Path) -> list[str]:
+def recover_stranded(out_dir: Path) -> list[tuple[str, bool]]:
     """Put back the job's files a killed check left moved aside (<out>/neuron-files, <out>/previous-outputs),
-    before anything is cleared; said on stderr and in the report."""
-    put_back: list[str] = []
+    before anything is cleared; said on stderr and in the report. Returns each path put back, with whether it is
+    one of the job's inputs (a --checkpoint that existed before that check's job)."""
+    put_back: list[tuple[str, bool]] = []
     for name in ("neuron-files", "previous-outputs"):
         root = out_dir / name
         if (root / MARKER).exists():
             put_back += Aside.recover(root.resolve(), (out_dir / STRANDED / name).resolve())
     if put_back:
         print(f"torch-neuronx check: a previous check was killed before it put the job's files back; put back: "
-              f"{', '.join(put_back[:5])}", file=sys.stderr)
+              f"{_shown([p for p, _ in put_back])}; its outputs are hidden from both runs, as if it had finished",
+              file=sys.stderr)
     return put_back
 
 
@@ -765,7 +975,8 @@ def listing(root: Path, out_dir: Path, max_depth: int = 4) -> set[str] | None:
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
         depth = len(here.relative_to(root).parts)
-        dirnames[:] = [d for d in dirnames if here / d != out_dir and d not in LISTING_SKIPPED]
+        dirnames[:] = [d for d in dirnames if here / d != out_dir and d not in LISTING_SKIPPED
+                       and not d.startswith(STASH_PREFIX)]
         found.update(str(here / name) for name in [*dirnames, *filenames])
         if depth >= max_depth:
             dirnames[:] = []
@@ -783,18 +994,33 @@ def created_paths(before: set[str] | None, after: set[str] | None) -> list[str]:
     return sorted(p for p in new if not any(str(parent) in new for parent in Path(p).parents))
 
 
-def _state(p: Path) -> tuple[int, int, int, int] | None:
+def _state(p: Path) -> tuple[Any, ...] | None:
+    """What identifies a path's content (None when it is missing): a file's device, inode, size and modification
+    time; a folder's, every file's under it (a file rewritten in place changes its folder's own times not at all)."""
     try:
         st = p.stat()
     except OSError:
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if not p.is_dir():
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    files = []
+    for dirpath, _, filenames in os.walk(p):
+        for name in filenames:
+            try:
+                f = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            files.append((os.path.relpath(os.path.join(dirpath, name), p), f.st_ino, f.st_size, f.st_mtime_ns))
+        if len(files) > LISTING_LIMIT:
+            break
+    return (st.st_dev, st.st_ino, tuple(sorted(files)))
 
 
-def _input_states(paths: list[str]) -> dict[str, tuple[int, int, int, int]]:
-    """--checkpoint paths that exist before the job runs, with what identifies their content (device, inode, size,
-    mtime): those the job leaves unchanged are its inputs (a pretrained file it reads)."""
-    states = {str(Path(p).resolve()): _state(Path(p)) for p in paths}
+def _input_states(paths: list[str]) -> dict[str, tuple[Any, ...]]:
+    """--checkpoint paths that exist before the job runs (a plain folder: the checkpoint files in it), with what
+    identifies their content (:func:`_state`): those the job leaves unchanged are its inputs (a pretrained file it
+    reads); those it changes, inputs it wrote again."""
+    states = {str(t): _state(t) for p in paths for t, _ in checkpoint_targets(Path(p).resolve())}
     return {p: st for p, st in states.items() if st is not None}
 
 
@@ -802,7 +1028,8 @@ def _outputs(items: list[dict[str, Any]], cfg: CheckConfig) -> list[str]:
     """The checkpoint paths the job wrote (moved aside for the reference, recorded in outputs.json): not a buffer,
     not an input it only read, not the checker's own files."""
     out = str(cfg.out_dir.resolve()) + os.sep
-    return [i["path"] for i in items if not i.get("buffer") and not i.get("input") and not i["path"].startswith(out)]
+    return [i["path"] for i in items if not i.get("buffer") and not i.get("input") and not i["path"].startswith(out)
+            and i["kind"] != "folder"]
 
 
 class Previous(Aside):
@@ -810,28 +1037,35 @@ class Previous(Aside):
     both runs while they run, so that a job that resumes from its own output starts fresh on both sides, then
     put back where the job did not write them again."""
 
-    def __init__(self, out_dir: Path) -> None:
-        super().__init__(out_dir / "previous-outputs")
+    def __init__(self, out_dir: Path, beside: Path | None = None) -> None:
+        super().__init__(out_dir / "previous-outputs", beside)
         self.outputs = (out_dir / "outputs.json").resolve()
         self.hidden: list[Path] = []
 
-    def hide(self) -> None:
+    def hide(self, also: list[str] | None = None) -> None:
+        """Hide the paths outputs.json lists, and `also` (what a killed check's job wrote)."""
         try:
-            paths = [Path(p) for p in json.loads(self.outputs.read_text())]
+            listed = [str(p) for p in json.loads(self.outputs.read_text())]
         except (OSError, ValueError, TypeError):
+            listed = []
+        paths = [Path(p) for p in dict.fromkeys([*listed, *(also or [])])]
+        if not paths:
             return
         self.start()
         for i, p in enumerate(paths):
-            if p.exists() and self.move(p, i):
+            if os.path.lexists(p) and not any(h in p.parents for h in self.hidden) and self.move(p, i):
                 self.hidden.append(p)
 
     def restore(self) -> None:
         for original, kept in self.moved:
-            if not original.exists() and kept.exists():
+            if not os.path.lexists(original) and os.path.lexists(kept):
                 original.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(kept), str(original))
+            elif os.path.lexists(kept) and not kept.is_relative_to(self.root):
+                _remove(kept)  # superseded by what the job wrote again; never copied across filesystems
         self.moved = []
         self._write()
+        self.drop_stash()
 
     def record(self, paths: list[str]) -> None:
         self.outputs.write_text(json.dumps(sorted(set(paths))))

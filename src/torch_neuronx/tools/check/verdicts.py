@@ -309,6 +309,9 @@ def _checkpoints(layer: Layer, neuron: Side, items: list[dict[str, Any]]) -> Non
                       f"not unpickle on CPU without torch_neuronx: {got.get('error')}. Not a checkpoint of weights "
                       "(a trainer's arguments, say), but a host without Trainium cannot read it", path=path)
             continue
+        if got.get("empty_folder"):  # a --checkpoint folder with nothing to load (rv29d)
+            layer.add("fail", "checkpoint", f"--checkpoint {path}: {got.get('error')}", path=path)
+            continue
         if not got.get("ok"):
             shown = f"{path} (written through a buffer by rank {item.get('rank')})" if item.get("buffer") else path
             layer.add("fail", "checkpoint", f"{shown} does not load on CPU without torch_neuronx: {got.get('error')}. "
@@ -369,6 +372,12 @@ def _checkpoints(layer: Layer, neuron: Side, items: list[dict[str, Any]]) -> Non
                       f"{same}{note}, but it could not be moved aside while the reference ran (not a regular file "
                       "or folder, or over the checker's copy limit on another filesystem): what is left may be the "
                       "reference's; nothing was compared", path=path)
+            continue
+        elif item.get("input_not_kept"):  # rv29d: an input the job rewrote, too large to keep a copy of
+            layer.add("warn", "checkpoint", f"{shown} loads on CPU in a fresh process without torch_neuronx and "
+                      f"{same}{note}, but it was not compared: the job read this --checkpoint and wrote it again, and "
+                      "it is over the 4 GiB the checker copies to keep an input's content for the reference, which "
+                      "could not start from it (docs/check.md)", path=path)
             continue
         elif item.get("reference_expected"):  # loads, but nothing was compared: a warning, never a pass
             layer.add("warn", "checkpoint", f"{shown} loads on CPU in a fresh process without torch_neuronx and "
@@ -775,6 +784,7 @@ def _who_hung(layer: Layer, neuron: Side) -> None:
     places = {r: results.where(run) for r, run in sorted(neuron.ranks.items()) if run.status == "stopped"}
     stuck = [r for r, at in places.items() if at and at["kind"] == "own"]
     waiting = [r for r, at in places.items() if at and at["kind"] == "collective"]
+    _different_collectives(layer, neuron, {r: places[r]["call"] for r in waiting})  # type: ignore[index]
     if not stuck:
         return
     text = "; ".join(f"rank {r} {places[r]['text']}" for r in stuck)  # type: ignore[index]
@@ -788,6 +798,20 @@ def _who_hung(layer: Layer, neuron: Side) -> None:
         what = f"rank(s) {stuck} were in the job's own code when the checker killed the job on {neuron.interrupted}"
     layer.evidence.insert(0, {"verdict": "fail" if neuron.timed_out else "info", "check": "hang",
                               "message": f"{what}: {text}{waited}", "stuck": stuck, "waiting": waiting})
+
+
+def _different_collectives(layer: Layer, neuron: Side, calls: dict[int, str]) -> None:
+    """Ranks killed at the deadline while waiting in different collectives (rank 0 in barrier, rank 1 in a backward's
+    all-reduce): say so in one line, first. A collective completes only when every rank of its group calls it, so a
+    collective some ranks skip (or call in another order) hangs them all: the usual cause of a distributed hang."""
+    if not neuron.timed_out or len(set(calls.values())) < 2:
+        return
+    each = ", ".join(f"rank {r} in {call}" for r, call in sorted(calls.items()))
+    layer.evidence.insert(0, {"verdict": "fail", "check": "hang", "message": f"the ranks hung in different "
+                              f"collectives ({each}): a collective completes only when every rank calls it, so one "
+                              "that some ranks skip or call in another order waits forever, the usual cause of a "
+                              "hang; make every rank issue the same collectives in the same order",
+                              "collectives": {str(r): c for r, c in calls.items()}})
 
 
 def _one_line(command: Any, limit: int) -> str:
