@@ -189,7 +189,7 @@ BASE = ["--instance", "trn1.32xlarge", "--global-batch", "64", "--seq-len", "409
 
 @pytest.mark.parametrize(("flag", "target", "message"), [
     ("--json", "/proc/plan.json", "--json /proc/plan.json cannot be written"),
-    ("--json", "/dev/full", "cannot write /dev/full (No space left on device)"),
+    ("--json", "/dev/full", "--json /dev/full is not a regular file"),
     ("--plots", "/proc/plots", "--plots /proc/plots cannot be written"),
     ("--json", "", "--json was given an empty path"),
     ("--plots", "", "--plots was given an empty path"),

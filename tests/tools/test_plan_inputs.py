@@ -12,25 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from torch_neuronx.testing.plan import LLAMA3_8B
-from torch_neuronx.tools.cli import main
+from torch_neuronx.testing.plan import LLAMA3_8B, cli
+from torch_neuronx.testing.plan import assert_refused as _refused
 
 BASE = ["--instance", "trn1.32xlarge", "--global-batch", "64", "--seq-len", "4096", "--layout", "8x4"]
 
 
 def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """Exit status, stdout and stderr of ``torch-neuronx plan ARGV`` (argparse's exits included)."""
-    try:
-        code = main(["plan", *argv])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _refused(code: int, out: str, err: str, message: str) -> None:
-    assert code == 2 and out == "", (code, out, err)
-    assert err.startswith("torch-neuronx plan: error: ") and err.count("\n") == 1 and message in err, err
+    """Exit status, stdout and stderr of ``torch-neuronx plan ARGV``."""
+    return cli(["plan", *argv], capsys)
 
 
 @pytest.fixture()

@@ -38,7 +38,10 @@ TRN1 = Chip(name="trn1", core_version="v2", physical_cores=2, hbm_bytes=32 * GIB
 TRN1N = Chip(name="trn1n", core_version="v2", physical_cores=2, hbm_bytes=32 * GIB, hbm_bandwidth_gbps=TRN1_HBM_GBPS,
              bf16_tflops=190.0, fp32_tflops=47.5, sbuf_bytes=24 << 20, psum_bytes=2 << 20, supports_lnc2=False,
              neuronlink_gbps=768.0)
-INF2 = Chip(name="inf2", core_version="v2", physical_cores=2, hbm_bytes=32 * GIB, hbm_bandwidth_gbps=820.0,
+# Inferentia2's: "32GiB of high-bandwidth device memory (HBM) ... with 820 GiB/sec of bandwidth" (AWS,
+# about-neuron/arch/neuron-hardware/inferentia2.rst; SDK 2.9's page said "820 GB/sec"): the same 880.47 GB/s
+INF2_HBM_GBPS = 820 * GIB / 1e9
+INF2 = Chip(name="inf2", core_version="v2", physical_cores=2, hbm_bytes=32 * GIB, hbm_bandwidth_gbps=INF2_HBM_GBPS,
             bf16_tflops=190.0, fp32_tflops=47.5, sbuf_bytes=24 << 20, psum_bytes=2 << 20, supports_lnc2=False,
             neuronlink_gbps=192.0)
 TRN2 = Chip(name="trn2", core_version="v3", physical_cores=8, hbm_bytes=96 * GIB, hbm_bandwidth_gbps=2900.0,

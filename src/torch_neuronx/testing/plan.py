@@ -47,3 +47,22 @@ def example_lengths(n: int = 10_000, seed: int = 0) -> list[int]:
 
     rng = random.Random(seed)
     return [max(1, min(4096, round(math.exp(rng.gauss(math.log(666), 0.8))))) for _ in range(n)]
+
+
+def cli(argv: list[str], capsys: Any) -> tuple[int, str, str]:
+    """Exit status, stdout and stderr of ``torch-neuronx ARGV`` run in this process (argparse's exits included);
+    `capsys` is pytest's fixture."""
+    from torch_neuronx.tools.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_refused(code: int, out: str, err: str, message: str) -> None:
+    """What docs/plan.md promises for bad input: exit 2, nothing on stdout, one line on stderr naming `message`."""
+    assert code == 2 and out == "", (code, out, err)
+    assert err.startswith("torch-neuronx plan: error: ") and err.count("\n") == 1 and message in err, err

@@ -84,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         from torch_neuronx.tools.plan import serve_cli
 
         return serve_cli.main(argv[1:])
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's own error (plan's is one line), not the top-level usage and error
+        chosen = sub.choices.get(args.command) if args.command else None
+        (chosen or parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     from torch_neuronx.runtime.processes import Interrupted
 
     try:

@@ -397,10 +397,6 @@ FITTED = {
 MISSES: dict[tuple[str, str, int, str, int], str] = {
     ("HuggingFace BERT-Large Ph1", "Autocast:BF16+SR", 1, "[32xNC(DP)]", 65536):
         "release 2.20's figure only: the run's releases spread by 30% (3,401 to 4,538 seq/s); LAMB, timed as AdamW",
-    ("HuggingFace BERT-Large Ph1", "Autocast:BF16/AMP", 16, "[32xNC(DP)] x 16Nodes(DP)", 16384):
-        "2 micro-batches per step, so per-step work weighs most: the casts, the gradient all-reduce after the "
-        "backward and the clipping are timed (the other releases are within 25%), torch-xla's per-graph launches "
-        "on the host are not",
     ("Llama2-13B", "Autocast:BF16+SR", 16, "TP=8 DP=4 PP=4", 1024):
         "64 seq/s on 16 nodes is twice the same recipe's 31.3 on 16 nodes in SDK 2.14 and above its 60 on 32 nodes "
         "in 2.15 (AWS's MFU 20.7%, which only 32 nodes give): most likely a 32-node run; planned as published",

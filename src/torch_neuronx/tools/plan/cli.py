@@ -48,7 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the plan as JSON")
     p.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots and plan.html here")
     p.add_argument("--calibration", action="store_true",
-                   help="print the time model against AWS's published Trn1/Trn1n training tables (SDK 2.14-2.28; "
+                   help="print the time model against AWS's published Trn1/Trn1n training tables (SDK 2.5-2.28; "
                    "with --json PATH also write them as JSON), and exit")
     p.add_argument("--serve", action="store_true", help="plan serving instead: buckets from traffic, TTFT/TPOT "
                    "p50/p99, HBM per core (its own options: torch-neuronx plan --serve --help; docs/serve.md)")
@@ -115,10 +115,19 @@ def _probe_output(path: str, what: str) -> None:
             raise PlanError(f"{flag} {path} is a directory: give a file name, e.g. {target / 'plan.json'}")
         if not target.parent.is_dir():
             raise PlanError(f"{flag} {path}: the folder {target.parent} does not exist; create it first")
+        if target.exists() and not target.is_file():
+            # a device, FIFO or socket: opening it passes (/dev/full), and the write fails only after the plan (and a
+            # --measure run) is done, or blocks (a FIFO no one reads)
+            raise PlanError(f"{flag} {path} is not a regular file (a device, FIFO or socket): give a file name")
         try:
             if target.exists():  # open for appending: a permission or read-only file system shows, nothing is cut
                 # O_NONBLOCK: a FIFO no one reads fails at once (ENXIO) instead of blocking the open forever
                 os.close(os.open(target, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
+                # and a byte written beside it: a full file system shows before the plan is computed
+                with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".plan-probe-") as f:
+                    f.write(b"{")
+                    f.flush()
+                    os.fsync(f.fileno())
             else:  # create it, write a byte (a full disk shows), and take it away again
                 with open(target, "xb") as f:
                     f.write(b"{")

@@ -24,8 +24,9 @@ reduce-scatter, the tensor of an all-reduce, the tensor of a send or recv.
   replicated weights have their gradients all-reduced once per step.
 * KV heads replicated over TP (TP above their number, NxD's
   ``kv_size_multiplier``): backward all-reduces the K and V projections'
-  output gradients (tokens x head_dim each, per layer) over the ranks that
-  hold the same head.
+  output gradients (tokens x head_dim each, per layer, in fp32 as NxD does)
+  over the ranks that hold the same head (adjacent ranks on Trn2,
+  interleaved elsewhere, as NxD arranges them).
 * Pipeline stages send the boundary activation forward and receive its
   gradient back, once per micro-batch.
 
@@ -106,6 +107,19 @@ def _make(hw: Hardware, name: str, group: str, calls: int, nbytes: int, size: in
     return Collective(name, group, calls, nbytes, size, where, lv, per_micro_batch, split)
 
 
+# NxD all-reduces the replicated KV heads' output gradients in its reduce dtype, float32 by default
+# (aws-neuron/neuronx-distributed src/neuronx_distributed/modules/qkv_linear.py: reduce_dtype=torch.float32)
+KV_REDUCE_BYTES = 4
+
+
+def kv_group_stride(hw: Hardware, tp: int, kv_replicas: int) -> int:
+    """Rank distance between the TP ranks that hold the same replicated KV head, as NxD arranges them
+    (neuronx_distributed/parallel_layers/parallel_state.py, ``arrange_kv_groups``): on Trn2 a head's replicas are
+    adjacent ranks (``(K0, K0, ..., K1, K1, ...)``: inside one chip while they fit in it), elsewhere interleaved,
+    ``TP / replicas`` apart (``(K0, K1, ..., K0, K1, ...)``)."""
+    return 1 if hw.instance.chip.name == "trn2" else tp // kv_replicas
+
+
 def tp_all_reduces(m: ModelSpec, checkpointing: str) -> int:
     """Activation all-reduces per micro-batch: 2 row-wise forward + 5 column-wise backward per layer, +2."""
     # Full recomputation reruns the forward up to the last tensor backward needs (torch's non-reentrant checkpoint
@@ -135,7 +149,7 @@ def collectives(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, mic
 
     `m` is the model as the TP group runs it (:meth:`ModelSpec.replicated`); `kv_replicas` > 1: each KV head is
     held by that many TP ranks, and backward all-reduces the gradients of the K and V projections' outputs over
-    them (NxD's "KV shared group": ranks ``kv_heads`` apart, neuronx_distributed/modules/qkv_linear.py)."""
+    them (NxD's "KV shared group", :func:`kv_group_stride`; neuronx_distributed/modules/qkv_linear.py)."""
     out: list[Collective] = []
     tp, fsdp, dp, pp = layout.tp, layout.fsdp, layout.dp, layout.pp
     first, last = stage == 0, stage == pp - 1
@@ -188,11 +202,14 @@ def collectives(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, mic
                 out.append(_make(hw, "all_reduce", "tp", 3 * micro_steps, 3 * tokens * 4 * micro_steps, tp, 1))
         if kv_replicas > 1:
             # per layer, in backward only (a recomputed forward adds none): K's and V's output gradients, the whole
-            # sequence of this rank's KV heads, summed over the ranks that hold the same head
-            kv_bytes = tokens * (m.kv_heads // tp) * m.head_dim * prec.compute
+            # sequence of this rank's KV heads, summed over the ranks that hold the same head, in fp32 whatever the
+            # compute dtype (NxD: qkv_linear_utils.py _qkvlinear_autograd_base_setup_bwd casts grad_output_k/v to
+            # ctx.reduce_dtype before xm.all_reduce; GQAQKVColumnParallelLinear's reduce_dtype defaults to
+            # torch.float32)
+            kv_bytes = tokens * (m.kv_heads // tp) * m.head_dim * KV_REDUCE_BYTES
             calls = 2 * layers
             out.append(_make(hw, "all_reduce", "tp", calls * micro_steps, calls * kv_bytes * micro_steps,
-                             kv_replicas, tp // kv_replicas))
+                             kv_replicas, kv_group_stride(hw, tp, kv_replicas)))
         if last and not sp:  # the LM head gathers the logits
             out.append(_make(hw, "all_gather_into_tensor_coalesced", "tp", micro_steps,
                              tokens * m.vocab * prec.compute * micro_steps, tp, 1))

@@ -329,8 +329,8 @@ def _worker(argv: list[str]) -> None:
 
 def _measure_one(ckpt: Path, spec: dict[str, Any], idle: int) -> None:
     """Warm-up and measured step of one layout; its rank{r}.json, then everything it made is released: the next
-    layout starts from the device as a fresh rank had it (`idle` bytes allocated: checked) and counts only the
-    default group and the groups it makes."""
+    layout starts from the device as a fresh rank had it (`idle` bytes allocated: checked) and counts the calls of
+    its measured step on every group, whichever layout made it."""
     import gc
     import os
     import time
@@ -351,8 +351,6 @@ def _measure_one(ckpt: Path, spec: dict[str, Any], idle: int) -> None:
         raise RuntimeError(f"--measure: {torch.neuron.memory_allocated(device) - idle} bytes still allocated on "
                            f"{device} from the layout before: its peak would count them")
     torch.neuron.reset_peak_memory_stats(device)
-    default = dist.group.WORLD
-    earlier = {pg for pg in dist.distributed_c10d._world.pg_group_ranks if pg is not default}
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     data_rank = rank // tp if pp == 1 else 0  # the same rows on every rank of a tp group (a pipeline: one input)
     g = torch.Generator().manual_seed(data_rank)
@@ -369,8 +367,12 @@ def _measure_one(ckpt: Path, spec: dict[str, Any], idle: int) -> None:
     after_load = torch.neuron.memory_allocated(device)
     warm_loss = step(batches[0])  # warm-up: creates the optimizer state (and a pipeline's shapes)
     torch.neuron.synchronize()
+    # every group, an earlier layout's included: a layout's collectives may run on a group of the same ranks that
+    # an earlier layout of the launch made (2x1x1x2 measured after 2x1x2x1 ran all its TP all-reduces on the first
+    # layout's TP groups, and counted none); the stats are reset here, so a group this layout does not use counts
+    # no call
     groups = [pg for pg in dist.distributed_c10d._world.pg_group_ranks
-              if isinstance(pg, dist.ProcessGroup) and pg.size() > 1 and pg not in earlier]
+              if isinstance(pg, dist.ProcessGroup) and pg.size() > 1]
     for pg in groups:
         nd.reset_comm_stats(pg)
     torch.neuron.reset_peak_memory_stats(device)

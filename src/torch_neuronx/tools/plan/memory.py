@@ -196,20 +196,37 @@ def rms_norm(tokens: int, hidden: int, a: int) -> Tally:
     return Tally().add(tokens * hidden * 4).add(tokens * hidden * a, 2).add(tokens * 4, 2)
 
 
-def loss_buffers(m: ModelSpec, tp: int, tokens: int, a: int, vocab_parallel: bool = False) -> Tally:
+def loss_buffers(m: ModelSpec, tp: int, tokens: int, a: int, vocab_parallel: bool = False,
+                 sharded: bool = False) -> Tally:
     """The logits path at the loss's backward: the logits, log-softmax's output and the gradients.
 
     A vocabulary-parallel cross-entropy (Megatron / NxD, with sequence parallelism) never gathers the logits: each
-    core keeps its vocabulary slice, an fp32 copy and its softmax (the gradient)."""
+    core keeps its vocabulary slice, an fp32 copy and its softmax (the gradient). `sharded`: FSDP2 is applied (FSDP
+    x DP > 1)."""
     if vocab_parallel and tp > 1:
         local = tokens * (m.vocab // tp)
         return Tally().add(local * a).add(local * 4, 2).add(tokens * m.hidden * (4 + a))
-    t = Tally().add(tokens * (m.vocab // tp) * a)  # the LM head's output (Transformers' output keeps it)
-    if tp > 1:
-        t.add(tokens * m.vocab * a)  # gathered
+    # the LM head's output (Transformers' output keeps it) and, under TP, the gathered logits; under TP with FSDP2
+    # both are freed before the loss's backward (a snapshot of a measured 2x1x1x2 step: only log-softmax's output
+    # and the gradients are alive there), and their moment is the LM head's forward (head_forward_buffers). Under
+    # TP alone they count: the measured TP=4 peaks (docs/plan.md) are 5-9% above the estimate without them
+    t = Tally()
+    if tp == 1 or not sharded:
+        t.add(tokens * (m.vocab // tp) * a)
+        if tp > 1:
+            t.add(tokens * m.vocab * a)  # gathered
     # log-softmax's output, and during its backward the incoming and the outgoing gradient (fp32; the fp32 copy of
     # the logits is freed before backward); the final norm
     return t.add(tokens * m.vocab * 4, 3) + rms_norm(tokens, m.hidden, a)
+
+
+def head_forward_buffers(m: ModelSpec, tp: int, tokens: int, a: int) -> Tally:
+    """The LM head's forward under TP without a vocabulary-parallel loss (Transformers' ``colwise_rep``): this
+    rank's vocabulary slice of the logits, the all-gather's output and the logits concatenated from it, all alive at
+    once (snapshots of measured steps: with a large vocabulary this, not the loss's backward, is the peak), and the
+    final norm."""
+    local = tokens * (m.vocab // tp) * a
+    return Tally().add(local).add(tokens * m.vocab * a, 2) + rms_norm(tokens, m.hidden, a)
 
 
 def _layer_numel(m: ModelSpec, layout: Layout) -> int:
@@ -336,7 +353,14 @@ def _stage_memory(m: ModelSpec, layout: Layout, prec: Precision, micro_batch: in
     if stage == layout.pp - 1:
         # (with TP the gathered layers are still alive then: measured steps show it)
         loss = fsdp_buffers(m, lay, prec, stage, layers=2 if layout.tp > 1 else 0) + \
-            loss_buffers(m, layout.tp, tokens, a, vocab_parallel=sp)
+            loss_buffers(m, layout.tp, tokens, a, vocab_parallel=sp, sharded=fsdp_applied)
+        if layout.tp > 1 and not sp:
+            # the LM head's forward: the kept tail gathered, and the flat output of its all-gather, which FSDP2
+            # frees only at its next all-gather (the last layer's, in backward)
+            head = fsdp_buffers(m, lay, prec, stage, layers=0).times(2) + \
+                head_forward_buffers(m, layout.tp, tokens, a)
+            if head.total > loss.total:
+                loss = head
         if one.times(k).total + loss.total > acts.total + buffers.total:
             acts, buffers, at_loss = one.times(k), loss, True
     if layout.pp > 1:  # the activation received from the previous stage and the gradient sent back

@@ -92,10 +92,8 @@ def from_config(config: Any, name: str | None = None, raw: dict[str, Any] | None
         raise ValueError(f"the model config is a {type(config).__name__}, not a mapping of config fields: pass a "
                          "Hugging Face config.json (a JSON object)")
     c = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size") if k not in c]
-    if missing:
-        raise ValueError(f"the model config lacks {', '.join(missing)}: the planner reads decoder-only transformer "
-                         "configs (Llama, Mistral, Qwen, Mixtral); pass one with these fields")
+    _check_dimensions_given(c)
+    _check_boolean(c, "tie_word_embeddings")
     model_type = c.get("model_type")
     if model_type and model_type not in MODELLED_TYPES:
         raise ValueError(f"model_type {model_type!r} is not a model the planner models: it counts decoder-only "
@@ -123,7 +121,7 @@ def from_config(config: Any, name: str | None = None, raw: dict[str, Any] | None
         kv_heads=kv_heads, head_dim=head_dim,
         intermediate=0 if experts else _count(c, "intermediate_size"), experts=experts,
         experts_per_token=_count(c, "num_experts_per_tok", 0), expert_intermediate=expert_width,
-        tied_embeddings=bool(c.get("tie_word_embeddings", False)), max_positions=_max_positions(c),
+        tied_embeddings=c.get("tie_word_embeddings") is True, max_positions=_max_positions(c),
         config=config if hasattr(config, "to_dict") else None, raw=raw,
     )
     if spec.total_params > MAX_PARAMETERS:
@@ -190,10 +188,38 @@ def _max_positions(c: dict[str, Any]) -> int:
 
 def check_fields(data: dict[str, Any]) -> None:
     """Raise ValueError (one line) for a config field the planner reads that is not a whole positive number, or a
-    head count that does not divide; before transformers builds a config from it."""
+    head count that does not divide, or a flag that is not a JSON boolean; before transformers builds a config from
+    it."""
     for key in _INTEGER_KEYS:
         if data.get(key) is not None and not (key in ("num_local_experts", "num_experts") and data[key] == 0):
             _count(data, key)
+    for key in _BOOLEAN_KEYS:
+        _check_boolean(data, key)
+
+
+# The dimensions a config.json must name itself: Transformers' config classes would fill in defaults of their own
+# (LlamaConfig: hidden 4096, 32 layers, 32 heads, vocabulary 32000), which are another model's sizes (NxD's
+# Llama-3-70B config.json without hidden_size would plan as 32.26B parameters)
+REQUIRED_DIMENSIONS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+# Flags the planner reads: a string such as "false" is truthy in Python, so only JSON booleans are accepted
+_BOOLEAN_KEYS = ("tie_word_embeddings",)
+
+
+def _check_dimensions_given(c: dict[str, Any]) -> None:
+    """Raise ValueError naming the dimensions the config lacks (absent or null)."""
+    missing = [k for k in REQUIRED_DIMENSIONS if c.get(k) is None]
+    if c.get("num_local_experts") or c.get("num_experts"):
+        if c.get("num_experts_per_tok") is None:
+            missing.append("num_experts_per_tok")
+    if missing:
+        raise ValueError(f"the model config lacks {', '.join(missing)}: the planner reads decoder-only transformer "
+                         "configs (Llama, Mistral, Qwen, Mixtral) and fills in no sizes; add these fields")
+
+
+def _check_boolean(c: dict[str, Any], key: str) -> None:
+    value = c.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"the model config has {key}={value!r}: it must be true or false (a JSON boolean)")
 
 
 def _self_contained(data: dict[str, Any]) -> bool:
@@ -257,6 +283,7 @@ def load(spec: str | Path | Any) -> ModelSpec:
         if not isinstance(data, dict):
             raise ValueError(f"{path} holds a JSON {type(data).__name__}, not a config object")
         check_fields(data)
+        _check_dimensions_given(data)  # before transformers fills in its defaults, which are another model's
         moe = data.get("num_local_experts") or data.get("num_experts")
         if data.get("model_type") in MODELLED_TYPES and not moe and data.get("intermediate_size") is None:
             # Transformers would fill in its default (LlamaConfig: 11008, a Llama-3.1-70B would plan as 35.8B)

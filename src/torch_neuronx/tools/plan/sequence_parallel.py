@@ -108,9 +108,12 @@ class _GQAColumnParallel(Function):
     @staticmethod
     def backward(ctx: Any, gq: torch.Tensor, gk: torch.Tensor, gv: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, wq, wk, wv = ctx.saved_tensors
-        gk, gv = gk.contiguous(), gv.contiguous()
-        dist.all_reduce(gk, group=ctx.kv_group)
-        dist.all_reduce(gv, group=ctx.kv_group)
+        # summed in fp32 whatever the compute dtype, as NxD does (qkv_linear_utils.py: grad_output_k/v cast to
+        # reduce_dtype, float32 by default, around the all-reduce)
+        gk32, gv32 = gk.float().contiguous(), gv.float().contiguous()
+        dist.all_reduce(gk32, group=ctx.kv_group)
+        dist.all_reduce(gv32, group=ctx.kv_group)
+        gk, gv = gk32.to(gk.dtype), gv32.to(gv.dtype)
         grad_in = gq @ wq + (gk @ wk + gv @ wv) / ctx.replicas
         grad_in = scatter_sequence(grad_in, ctx.group)
         full = gather_sequence(x, ctx.group).flatten(0, 1)
@@ -120,8 +123,10 @@ class _GQAColumnParallel(Function):
 
 def kv_shared_groups(group: Any, kv_heads: int) -> Any:
     """The process group of the ranks of `group` (TP) that hold the same replicated KV head: TP ranks ``kv_heads``
-    apart, as NxD's ``_initialize_kv_group`` builds them. Every TP group of the world must be a contiguous block of
-    ranks (TP innermost, as the DeviceMesh lays it out): each rank creates every KV group, as new_group requires."""
+    apart, as NxD's ``arrange_kv_groups`` builds them off Trn2 (on Trn2 it puts a head's replicas on adjacent ranks,
+    which the planner's links model; this measured model keeps the interleaved arrangement). Every TP group of the
+    world must be a contiguous block of ranks (TP innermost, as the DeviceMesh lays it out): each rank creates every
+    KV group, as new_group requires."""
     t, world = dist.get_world_size(group), dist.get_world_size()
     ranks = sorted(dist.get_process_group_ranks(group)) if group is not None else list(range(world))
     if ranks != list(range(ranks[0], ranks[0] + t)) or ranks[0] % t:

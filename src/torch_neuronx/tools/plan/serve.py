@@ -39,7 +39,7 @@ from torch_neuronx.tools.plan.timing import COMM_EFFICIENCY, link_bandwidth
 
 # Fitted by serve_calibration.fit() on the Inf2 rows of AWS's decoder tables (docs/serve.md regenerates them).
 COMPUTE_EFFICIENCY = 0.230
-HBM_EFFICIENCY = 0.508
+HBM_EFFICIENCY = 0.473  # of 880.47 GB/s per Inf2 chip (AWS: 820 GiB/s); 0.508 of the 820 GB/s used before
 # Seconds per all-reduce call beyond its bytes: not fitted -- the published tables cannot tell it from the per-call
 # overheads (a fit drives it to zero), so those carry it; Factors(allreduce_latency=...) adds it.
 ALLREDUCE_LATENCY = 0.0

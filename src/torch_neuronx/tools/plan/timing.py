@@ -53,7 +53,7 @@ from torch_neuronx.tools.plan.tensors import stage_layers
 
 # Fitted by torch_neuronx.tools.plan.calibration.fit on the rows marked "fitted" there (docs/plan.md).
 COMPUTE_EFFICIENCY = 0.39  # share of the tensor engine's dense peak the matmuls attain
-HBM_EFFICIENCY = 0.76  # share of the HBM bandwidth the memory-bound passes (norms, activations, optimizer) attain
+HBM_EFFICIENCY = 0.75  # share of the HBM bandwidth the memory-bound passes (norms, activations, optimizer) attain
 COMM_EFFICIENCY = 0.70  # share of the link bandwidth a ring collective attains
 AUTOCAST = ("matmult", "none")
 # Eager attention's passes over the scores (heads x S per token), as Transformers' eager path runs them: written by
