@@ -95,7 +95,9 @@ CASES = {
                    ["neuron_rendezvous()",
                     "if neuron_init_group():\n        torch.distributed.barrier()"]),
     "init_process_group xla": ("import torch.distributed as dist\ndist.init_process_group('xla', init_method="
-                               "'xla://')\n", ["dist.init_process_group('neuron')"]),
+                               "'xla://')\n", ["\nneuron_init_group(world_of_one=True)\n"]),  # rv32f item 7
+    "init_process_group xla env": ("import torch.distributed as dist\ndist.init_process_group('xla')\n",
+                                   ["dist.init_process_group('neuron')"]),
     "init_process_group backend kw": ("import torch\ntorch.distributed.init_process_group(backend=\"xla\")\n",
                                       ['torch.distributed.init_process_group(backend="neuron")']),
     "device strings": ("import torch\ndevice = 'xla'\nx = t.to('xla')\ny = torch.zeros(2, device=\"xla:0\")\n",
@@ -480,7 +482,7 @@ def test_spawn_does_not_start_a_second_process_group() -> None:
     code = ("import torch.distributed as dist\nimport torch_xla.distributed.xla_multiprocessing as xmp\n\n\n"
             "def _mp_fn(index):\n    dist.init_process_group('xla', init_method='pjrt://')\n\n\nxmp.spawn(_mp_fn)\n")
     out = mig(code)
-    assert "dist.init_process_group('neuron')\n" in out
+    assert "    neuron_init_group(world_of_one=True)\n" in out  # pjrt://: alone, a group of one (rv32f item 7)
     assert 'WORLD_SIZE" in os.environ' not in out and '_mp_fn(int(os.environ.get("RANK", "0")))' in out
 
 

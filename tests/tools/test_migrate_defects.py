@@ -1482,8 +1482,8 @@ def test_rv32e_4_the_scripts_own_group_after_the_helpers_starts_once(monkeypatch
     twice (rv32e item 4). The script's init is guarded now: under torchrun one group; alone, the script's own
     init runs as before."""
     res = migrate_python(RDV_THEN_INIT, target=CPU)
-    assert ('    if not torch.distributed.is_initialized():\n        dist.init_process_group("gloo")\n' in res.code
-            and not res.flags)
+    # init_method="xla://": the helper starts torchrun's group, or alone a group of one, as XLA (rv32f item 7)
+    assert "    neuron_init_group(world_of_one=True)\n" in res.code and not res.flags
     assert migrate_python(res.code, target=CPU).code == res.code
     seen = _fake_world(monkeypatch, int(world or 1))
     _run(res.code, {} if world is None else {"WORLD_SIZE": world}, monkeypatch)
@@ -1554,3 +1554,209 @@ def test_rv32e_7_after_check_dash_dash_every_argument_is_the_scripts() -> None:
     sub = parser._subparsers._group_actions[0].choices["migrate"]  # type: ignore[union-attr]
     names = {o for a in sub._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
     assert names == set(OWN_OPTIONS)  # the list split_check knows is the parser's
+
+
+# review rv32f (issue 32): its traps are in /tmp/rv32f/traps at review time; each case below is one of them, cut down.
+# The reference is what PyTorch/XLA does with the same code: one device per process (`xla:0`), the group XLA's
+# runtime (or its xla:// rendezvous) starts, Python's own scoping.
+
+F06 = XM + """import torch
+
+x = torch.ones(2).to(xm.xla_device())
+y = torch.zeros(2).to("xla:0")
+z = torch.zeros(2, device="xla")
+SAME = [x.device == torch.device("xla:0"), y.device == torch.device("xla", 0), z.device == x.device,
+        torch.device("xla:0") == xm.xla_device()]
+"""
+
+
+def test_rv32f_1_the_bare_device_string_is_the_processs_own_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """f06: each XLA process had one device, so "xla", "xla:0" and xla_device() were the same one and every
+    comparison of F06 held. `xla_device()` became neuron:LOCAL_RANK but "xla" the bare "neuron", core 0 until a
+    group sets the current device: on rank 1 without a group they were two cores (rv32f item 1). The script now
+    selects its own core first (`neuron_set_device()`); the CPU twin has nothing to select."""
+    res = migrate_python(F06)
+    assert "\nneuron_set_device()  # torchrun" in res.code and not res.flags
+    assert migrate_python(res.code).code == res.code  # a second pass adds no second call
+    assert "neuron_set_device" not in migrate_python(F06, target=CPU).code
+    try:
+        got = _run(res.code, {"LOCAL_RANK": "1"}, monkeypatch)  # rank 1 of a torchrun without a process group
+        assert got["SAME"] == [True, True, True, True] and str(got["z"].device) == "neuron:1"
+    finally:
+        torch.neuron.set_device(0)
+    got = _run(res.code, {}, monkeypatch)  # no launcher: core 0, as before
+    assert got["SAME"] == [True, True, True, True] and str(got["z"].device) == "neuron:0"
+
+
+F28 = """import os
+os.environ["HBM_SETTING"] = "256MiB"   # a runtime setting, before the first device use
+os.environ.setdefault("OTHER_SETTING", "1")
+import torch
+import torch_xla.core.xla_model as xm
+
+dev = xm.xla_device()
+s = xm.all_reduce(xm.REDUCE_SUM, torch.ones(1).to(dev))
+"""
+
+
+def test_rv32f_2_the_early_group_starts_after_the_modules_leading_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """f28: the early `neuron_init_group()` ran right after the first import block, before the script's
+    `os.environ[...] = ...` between its imports: the group start (which reads the machine's settings) saw none of
+    them under torchrun (rv32f item 2). It goes after them now, before the first statement that calls anything
+    else; the twin: a module-level call (`torch.manual_seed`) before the device keeps the group before it."""
+    res = migrate_python(F28, target=CPU)
+    code = res.code
+    assert code.index('os.environ.setdefault("OTHER_SETTING"') < code.index("\nneuron_init_group()") < code.index(
+        "dev = torch.device")
+    seen = _fake_world(monkeypatch, 2)
+    settings: list = []
+    started = torch.distributed.init_process_group
+    monkeypatch.setattr(torch.distributed, "init_process_group",
+                        lambda backend, *a, **k: (settings.append(os.environ.get("HBM_SETTING")), started(backend)))
+    monkeypatch.delenv("HBM_SETTING", raising=False)
+    _run(code, {"WORLD_SIZE": "2"}, monkeypatch)
+    assert seen["init"] == ["gloo"] and settings == ["256MiB"]  # XLA: the settings, then the runtime
+    twin = migrate_python(F28.replace("dev = ", "torch.manual_seed(0)\ndev = "), target=CPU).code
+    assert twin.index("\nneuron_init_group()") < twin.index("torch.manual_seed(0)")
+
+
+@pytest.mark.parametrize("tail", ["try:\n    main()\nexcept KeyboardInterrupt:\n    pass\n",
+                                  "if TRAIN:\n    main()\n", "with torch.no_grad():\n    main()\n"])
+def test_rv32f_3_a_call_inside_a_module_level_try_or_if_makes_a_script(monkeypatch: pytest.MonkeyPatch,
+                                                                       tail: str) -> None:
+    """f20: `try: main()` (or `if args.train: train()`) at module level was not seen as a script: no early group,
+    and under torchrun the device was used before the script's own group ("Neuron runtime should not be
+    initialized before the init_process_group", rv32f item 3). The twin: a library whose module-level `try`
+    only warns about a missing package stays a library (no group at its import)."""
+    code = ("import torch\nimport torch.distributed as dist\n" + XM + "\nSTATE = []\n\n\ndef main():\n"
+            "    dev = xm.xla_device()\n    STATE.append(dist.is_initialized())\n"
+            "    dist.init_process_group('xla')\n\n\n" + tail)
+    res = migrate_python(code, target=CPU)
+    assert "\nneuron_init_group()  # torchrun" in res.code and not res.flags
+    seen = _fake_world(monkeypatch, 2)
+    got = _run(res.code, {"WORLD_SIZE": "2"}, monkeypatch, TRAIN=True)
+    assert got["STATE"] == [True] and seen["init"] == ["gloo"]  # one group, before the device
+    lib = ("import warnings\nimport torch.distributed as dist\n" + XM + "try:\n    import yaml\nexcept ImportError:\n"
+           "    warnings.warn('no yaml')\n\n\ndef average(t):\n    return xm.all_reduce(xm.REDUCE_SUM, t)\n")
+    assert "\nneuron_init_group()" not in migrate_python(lib, target=CPU).code
+
+
+LIB_INIT = "import torch.distributed as dist\n\n\ndef setup():\n    dist.init_process_group('xla')\n"
+
+
+def test_rv32f_4a_a_librarys_own_group_start_is_guarded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """f16: a migrated script starts its group first under torchrun; a migrated library it imports then called
+    an unguarded `init_process_group("neuron")`: initialised twice (rv32f item 4a). The library's is guarded now;
+    one the guard cannot keep as it was (other options) is flagged."""
+    res = migrate_python(LIB_INIT, target=CPU)
+    assert "    if not torch.distributed.is_initialized():\n        dist.init_process_group('gloo')\n" in res.code
+    assert not res.flags and migrate_python(res.code, target=CPU).code == res.code
+    seen = _fake_world(monkeypatch, 2)
+    scope = _run(res.code, {"WORLD_SIZE": "2"}, monkeypatch)
+    scope["setup"]()
+    scope["setup"]()  # the script's group runs already: no second start
+    assert seen["init"] == ["gloo"]
+    flagged = migrate_python(LIB_INIT.replace("('xla')", "('xla', timeout=t)"))
+    assert [f.rule for f in flagged.flags] == ["xla-library-group"]
+
+
+def test_rv32f_4b_an_aliased_init_process_group_is_guarded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """f29: `from torch.distributed import init_process_group as ipg; ipg("xla")` after the early group was not
+    recognised (matched by its dotted name): initialised twice under torchrun (rv32f item 4b)."""
+    code = ("import torch\nfrom torch.distributed import init_process_group as ipg\n" + XM + "\n\ndef main():\n"
+            "    dev = xm.xla_device()\n    ipg('xla')\n\n\nif __name__ == '__main__':\n    main()\n")
+    res = migrate_python(code, target=CPU)
+    assert "    if not torch.distributed.is_initialized():\n        ipg('gloo')\n" in res.code and not res.flags
+    seen = _fake_world(monkeypatch, 2)
+    _run(res.code, {"WORLD_SIZE": "2"}, monkeypatch, __name__="__main__")
+    assert seen["init"] == ["gloo"]
+
+
+def test_rv32f_5_a_local_os_does_not_hide_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """f30: the generated `int(os.environ.get("LOCAL_RANK", "0"))` inside `def build(name, os="linux")` read the
+    string's `environ`: AttributeError (rv32f item 5). A file that binds `os` to something else reads the
+    environment through `import os as _neuron_os`; the twin, a file that does not, keeps `os`."""
+    code = XM + 'import torch\n\n\ndef build(name, os="linux"):\n    return xm.get_ordinal(), os\n'
+    res = migrate_python(code)
+    assert "import os as _neuron_os\n" in res.code and '_neuron_os.environ.get("RANK", "0")' in res.code
+    assert migrate_python(res.code).code == res.code and not res.flags
+    assert _run(res.code, {"RANK": "1"}, monkeypatch)["build"]("x") == (1, "linux")  # XLA: ordinal 1, the string
+    plain = migrate_python(code.replace('os="linux"', 'kind="linux"').replace(", os\n", ", kind\n")).code
+    assert "_neuron_os" not in plain and 'int(os.environ.get("RANK", "0"))' in plain
+
+
+def test_rv32f_6_a_backend_held_in_a_variable_is_flagged() -> None:
+    """f37: `BACKEND = "xla"; dist.init_process_group(backend=BACKEND)` was left as it was, unflagged: "xla" is
+    no native backend (rv32f item 6). Flagged now; the twins: another backend in a variable, and a literal."""
+    code = ("import torch.distributed as dist\n" + XM + "BACKEND = {value!r}\n\n\ndef main():\n"
+            "    dist.init_process_group(backend=BACKEND)\n    return xm.get_ordinal()\n")
+    assert rules(code.format(value="xla")) == ["xla-backend-var"]
+    assert rules(code.format(value="gloo")) == []
+    assert rules(code.format(value="gloo").replace("backend=BACKEND", "backend='xla'")) == []
+
+
+def test_rv32f_7_an_xla_rendezvous_group_alone_is_a_group_of_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """f27: `init_process_group("xla", init_method="xla://")` in one process: XLA's xla:// rendezvous takes the
+    world from PJRT, one process (pytorch/xla torch_xla/_internal/rendezvous.py, pjrt_rendezvous_handler); the
+    rewrite dropped init_method and env:// needs torchrun's RANK: ValueError (rv32f item 7). Alone it starts a
+    group of one now (the reference: world size 1, the all_reduce of 1.0 is 1.0, as XLA); under torchrun the
+    group torchrun's environment describes, once."""
+    code = ("import torch\nimport torch.distributed as dist\n" + XM +
+            "dist.init_process_group('xla', init_method='xla://')\ndev = xm.xla_device()\n"
+            "WS = dist.get_world_size()\nG = xm.all_reduce(xm.REDUCE_SUM, torch.ones(1).to(dev)).item()\n")
+    res = migrate_python(code, target=CPU)
+    assert "\nneuron_init_group(world_of_one=True)\n" in res.code and not res.flags
+    try:
+        got = _run(res.code, {}, monkeypatch)  # a real group of one (gloo, an in-memory store)
+        assert (got["WS"], got["G"]) == (1, 1.0)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    seen = _fake_world(monkeypatch, 2)
+    _run(res.code, {"WORLD_SIZE": "2"}, monkeypatch)
+    assert seen["init"] == ["gloo"]
+
+
+def test_rv32f_8_a_global_declared_import_in_a_function_binds_the_modules_name() -> None:
+    """f08: `global xm` then `import torch_xla.core.xla_model as xm` in `setup()` binds the module's `xm`, which
+    `run()` then uses: it was left as `xm.xla_device()`, unflagged (rv32f item 8). `run()` is migrated now, and
+    the lazy-import idiom itself (`xm = None`, the import) stays flagged for a person."""
+    code = ("import torch\n\nxm = None\n\n\ndef setup():\n    global xm\n"
+            "    import torch_xla.core.xla_model as xm\n\n\ndef run():\n    return torch.ones(2).to(xm.xla_device())\n")
+    res = migrate_python(code)
+    assert f"return torch.ones(2).to({DEV})" in res.code and res.flags
+    # the twin: without `global`, the function's import is its own and `run()` uses the module's `None`
+    assert "to(xm.xla_device())" in migrate_python(code.replace("    global xm\n", "")).code
+
+
+@pytest.mark.parametrize("options", [["--qu"], ["--out", "OUT", "--check", "--check-n", "2"],
+                                     ["--out", "OUT", "--check", "--tp", "2"]])
+def test_rv32f_9_abbreviated_options_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 options: list[str]) -> None:
+    """`--check --check-n 2` handed an abbreviation of migrate's own option to the script (rv32f item 9); migrate
+    takes no abbreviations at all now, before `--check` either."""
+    script = tmp_path / "t.py"
+    script.write_text(XM + "d = xm.xla_device()\n")
+    with pytest.raises(SystemExit) as stop:
+        cli_main(["migrate", str(script), *[str(tmp_path / "m") if o == "OUT" else o for o in options]])
+    assert stop.value.code == 2 and not (tmp_path / "m").exists()
+    err = capsys.readouterr().err
+    assert ("would go to the script" in err) if "--check" in options else ("unrecognized arguments: --qu" in err)
+
+
+@pytest.mark.parametrize(("line", "flagged"), [
+    ("a = f\"{'xla'}:{i}\"\n", ["xla-device-string"]),
+    ('b = bool(sys.modules.get("torch_xla"))\n', ["xla-test"]),
+    ('c = os.path.join("/tmp", "xla")\n', []),  # a path, no device
+    ("def is_torch_xla_available():\n    return False\nd = is_torch_xla_available()\n", []),  # the file's own
+])
+def test_rv32f_10_built_device_names_and_probes(line: str, flagged: list[str]) -> None:
+    assert rules("import os\nimport sys\nimport torch_xla\ni = 0\n" + line) == flagged
+
+
+def test_rv32f_11_an_import_repeated_in_two_functions_is_reported_at_each_line() -> None:
+    """f12: the same import text in a method and in an `async def` was reported twice at the first one's line."""
+    code = ("import torch\n\nclass Runner:\n    def go(self):\n        " + XM + "        return xm.xla_device()\n\n\n"
+            "async def agen():\n    " + XM + "    return xm.get_ordinal()\n")
+    res = migrate_python(code)
+    assert sorted(r.line for r in res.rewrites if r.rule == "import") == [5, 10]

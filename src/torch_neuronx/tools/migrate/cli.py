@@ -17,6 +17,7 @@ EPILOG = """examples:
   torch-neuronx migrate train.py --in-place
   torch-neuronx migrate train.py --out migrated/ --check -- --steps 5   # then torch-neuronx check against CPU
   torch-neuronx migrate tp_train.py --out migrated/ --tp-invariance 2 -- --steps 3   # TP = 2 against TP = 1
+options are spelled out in full (no abbreviations: `--qu` is no `--quiet`).
 exit code: 0 when nothing is flagged, 1 when flags remain (or --check fails), 2 for bad input."""
 
 
@@ -24,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p = subparsers.add_parser(
         "migrate", help="rewrite PyTorch/XLA, Optimum Neuron and NeuronX Distributed training code into native "
         "PyTorch on the neuron device, and flag what needs a person", epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)  # options spelled out (rv32f 9)
     p.add_argument("paths", nargs="+", metavar="PATH", help="Python files, notebooks (.ipynb), shell launchers "
                    "(.sh), or folders holding them")
     where = p.add_mutually_exclusive_group()
@@ -55,6 +56,12 @@ OWN_OPTIONS = ("--out", "--in-place", "--diff", "--json", "--target", "--quiet",
                "--check-out", "--tp-invariance", "--tp-invariance-out", "--check")
 
 
+def _names_own_option(arg: str) -> bool:
+    """One of migrate's options, or the start of one (`--check-n`, `--qu`, `--tp`: argparse would have taken an
+    abbreviation for the option before `--check`, rv32f item 9)."""
+    return arg in OWN_OPTIONS or (arg.startswith("--") and len(arg) > 3 and any(o.startswith(arg) for o in OWN_OPTIONS))
+
+
 def split_check(argv: list[str]) -> tuple[list[str], list[str]]:
     """`migrate ... --check -- ARGS` (or `--tp-invariance N -- ARGS`): ARGS belong to the script, not to argparse
     (which would take them for paths)."""
@@ -69,7 +76,7 @@ def split_check(argv: list[str]) -> tuple[list[str], list[str]]:
     rest = argv[i + 1:]
     if rest[:1] == ["--"]:  # `--check -- ARGS`: all the script's, even a name migrate has (`--out run`)
         return argv[: i + 1], rest[1:]
-    own = [a for a in rest if a.split("=", 1)[0] in OWN_OPTIONS]
+    own = [a for a in rest if _names_own_option(a.split("=", 1)[0])]
     if own:  # `--check --check-nproc-per-node 2` went to the script, silently (rv32e item 7)
         print(f"torch-neuronx migrate: {own[0]} after --check would go to the script: give migrate's options "
               "before --check, and the script's after `--check --`", file=sys.stderr)

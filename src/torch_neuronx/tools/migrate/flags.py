@@ -157,3 +157,13 @@ XLA_DEVICE_FSTRING = FlagRule(
     "`torch.device(\"xla\", i)`): each XLA process had its own "
     "`xla:0`; the rewrite cannot tell which core a built index means.",
     "torch.device('neuron', int(os.environ['LOCAL_RANK'])), the core of a torchrun worker.")
+BACKEND_VAR = FlagRule(
+    "xla-backend-var", "The process group's backend is a variable assigned \"xla\" (`BACKEND = \"xla\"`): it is "
+    "left as it is, and the native init_process_group has no \"xla\" backend.",
+    "assign it \"neuron\" (or pass \"neuron\"); the group then starts as torchrun's, as XLA's did.")
+LIBRARY_GROUP = FlagRule(
+    "xla-library-group", "A migrated script that imports this module starts the process group first under torchrun "
+    "(`neuron_init_group()` after its helpers); this init_process_group, with other options, on one line with "
+    "others or in an expression, would start a second one (initialised twice).",
+    "guard it with `if not torch.distributed.is_initialized():` (its options then apply only without torchrun), "
+    "or drop it.")

@@ -6,6 +6,7 @@ keeps one torch_xla semantic that has no one-line native form:
 
 - the collectives below start the default process group themselves when torchrun started several processes and
   the script did not (XLA's runtime joined them from torchrun's environment);
+- each XLA process had one device: ``neuron_set_device`` makes the bare "neuron" the process's own core;
 - ``xm.optimizer_step`` / ``xm.reduce_gradients`` all-reduce and *average* the gradients over the world (XLA
   scales the sum by ``1 / world_size``), only when more than one process runs;
 - ``pl.MpDeviceLoader`` moves each batch (tensors inside lists, tuples, dicts, sets and objects' attributes, as
@@ -83,16 +84,32 @@ class NeuronDeviceLoader:
 # init_process_group in the script. The helpers start the default group themselves then (rv32d item 3), never
 # acting as one process of several.
 _GROUP = '''
-def neuron_init_group():
+def neuron_init_group(world_of_one=False):
     """Start the default process group when torchrun started several processes and the script has none, as XLA's
-    runtime joined them from torchrun's environment; True when a process group runs (torch-neuronx migrate)."""
+    runtime joined them from torchrun's environment; True when a process group runs (torch-neuronx migrate).
+    world_of_one: init_process_group("xla", init_method="xla://") also started a group of one process alone."""
     if not torch.distributed.is_available():
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise RuntimeError("WORLD_SIZE > 1 but torch.distributed is not available: cannot reduce over processes")
         return False
-    if not torch.distributed.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        torch.distributed.init_process_group({backend!r})
+    if not torch.distributed.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            torch.distributed.init_process_group({backend!r})
+        elif world_of_one:
+            store = torch.distributed.HashStore()
+            torch.distributed.init_process_group({backend!r}, store=store, rank=0, world_size=1)
     return torch.distributed.is_initialized()
+'''
+
+# each XLA process had one device, so "xla", "xla:0" and xla_device() were the same one; natively the bare
+# "neuron" is the current device, core 0 until it is set (a "neuron" group sets it to LOCAL_RANK). Selecting a
+# core does not start the runtime: allowed before init_process_group (issue 32 rv32f item 1).
+_SET_DEVICE = '''
+def neuron_set_device():
+    """Make the bare "neuron" device this process's own core, neuron:LOCAL_RANK under torchrun, as each XLA process
+    had one device ("xla" and xla_device() were the same); alone, core 0 as before (torch-neuronx migrate)."""
+    if "LOCAL_RANK" in os.environ:
+        torch.neuron.set_device(int(os.environ["LOCAL_RANK"]))
 '''
 
 _AVERAGE = '''
@@ -234,6 +251,7 @@ HELPERS: dict[str, Helper] = {
     h.name: h
     for h in (
         Helper("neuron_init_group", _GROUP, ("os", "torch")),
+        Helper("neuron_set_device", _SET_DEVICE, ("os", "torch")),
         Helper("neuron_to_device", _TO_DEVICE, ("copy", "torch")),
         Helper("NeuronDeviceLoader", _LOADER, (), ("neuron_to_device",)),
         Helper("neuron_average_gradients", _AVERAGE, ("torch",), ("neuron_init_group",)),

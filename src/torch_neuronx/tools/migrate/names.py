@@ -101,16 +101,32 @@ def _walk_imports(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, bool
     """Every import of the tree, and whether it is inside a function (a lambda holds none): a function's import
     binds its name in that function only (rv32e item 2)."""
     found: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
-    todo: list[tuple[ast.AST, bool]] = [(tree, False)]
+    todo: list[tuple[ast.AST, bool, frozenset[str]]] = [(tree, False, frozenset())]
     while todo:
-        node, local = todo.pop()
+        node, local, declared_global = todo.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            found.append((node, local))
+            bound = {(a.asname or a.name).split(".")[0] for a in node.names}
+            # `global xm` then `import ... as xm` in a function binds the module's `xm` (rv32f item 8)
+            found.append((node, local and not bound & declared_global))
             continue
-        inner = local or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-        todo.extend((child, inner) for child in ast.iter_child_nodes(node))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            local, declared_global = True, frozenset(_globals_of(node))
+        todo.extend((child, local, declared_global) for child in ast.iter_child_nodes(node))
     found.reverse()
     return found
+
+
+def _globals_of(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """The names a function declares `global` (not those its nested functions or classes declare)."""
+    names: set[str] = set()
+    todo: list[ast.AST] = list(function.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Global):
+            names.update(node.names)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
+    return names
 
 
 class _FunctionImports(cst.CSTVisitor):
@@ -223,6 +239,7 @@ class RefTracking:
         self.refs_by_stmt: dict[int, list[Ref]] = {}
         self._stmts: list[cst.CSTNode] = []
         self.import_lines: dict[str, int] = {}  # an import's code -> its line
+        self.import_line_queue: dict[str, list[int]] = {}  # an import's code -> the lines it is on, in order
         self._not_refs: set[int] = set()  # names that are not references: attributes' names, keywords
         # per enclosing scope: the imported names it binds locally (see `_Scope`); a scope opens at its body, as
         # default values, decorators, annotations and a class's bases are evaluated outside it (rv32c items 6, 8)
@@ -243,6 +260,7 @@ class RefTracking:
         if isinstance(node, (cst.Import, cst.ImportFrom)):
             code = cst.Module(body=[]).code_for_node(node).strip()
             self.import_lines.setdefault(code, self._line_of(node))
+            self.import_line_queue.setdefault(code, []).append(self._line_of(node))
             return False
         if isinstance(node, cst.Attribute):
             self._not_refs.add(id(node.attr))

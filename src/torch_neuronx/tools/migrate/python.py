@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as cst_matchers
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from torch_neuronx.tools.migrate import flags as flagmod
@@ -244,7 +245,9 @@ class Migrator(RefTracking, cst.CSTTransformer):
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: Any) -> Any:
         result = super().on_leave(original_node, updated_node)
-        if isinstance(original_node, cst.Call) and _is_init_call(original_node):  # its line, for _GuardInits
+        if (isinstance(original_node, cst.Call) and isinstance(result, cst.Call)
+                and dotted(result.func) != "neuron_init_group"  # init_method="xla://" became the helper's call
+                and _is_init_call(original_node, self.aliases.qualname(original_node.func))):  # for _GuardInits
             self.ctx.state.setdefault("inits", {})[id(result)] = (self._line(original_node), result)
         if isinstance(original_node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             result = self._finish_statement(original_node, result)
@@ -438,13 +441,15 @@ class Migrator(RefTracking, cst.CSTTransformer):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> Expr:
         resolved = self.aliases.qualname(original_node.func)
         root = dotted(original_node.func)
-        local = root is not None and self._is_shadowed(root.split(".")[0]) == "local"
+        local = root is not None and (self._is_shadowed(root.split(".")[0]) == "local" or root in self.ctx.state.get(
+            "own_probes", ()))  # the file's own `def is_torch_xla_available()` (rv32f item 10)
         if _tests_for_xla_prefix(original_node) or _probes_for_xla(
                 original_node, resolved, self._is_tested(original_node), local):  # always False now
             self.ctx.flag(flagmod.XLA_TEST, self.ctx.code(original_node).strip())
             self._collect_flags(self._line(original_node))
         ref = self.refs.get(id(original_node.func))
         if ref is None:  # not a family call: hooks (the 'xla' device string, ParallelLoader(...).per_device_loader)
+            self.ctx.state["bare_call"] = id(original_node) in self._bare_calls
             for hook in self.rules.call_hooks:
                 new = hook(self.ctx, original_node, updated_node)
                 self._collect_flags(self._line(original_node))
@@ -479,6 +484,9 @@ class Migrator(RefTracking, cst.CSTTransformer):
         if len(self._parents) < 2 or self._parents[-1] is not node:
             return False
         parent = self._parents[-2]
+        if (isinstance(parent, cst.Arg) and len(self._parents) > 2 and isinstance(self._parents[-3], cst.Call)
+                and dotted(self._parents[-3].func) == "bool"):  # `bool(mods.get("torch_xla"))` (rv32f item 10)
+            return True
         if isinstance(parent, (cst.If, cst.While, cst.Assert, cst.IfExp)):
             return parent.test is node
         return isinstance(parent, (cst.BooleanOperation, cst.Comparison, cst.ComparisonTarget)) or (
@@ -488,13 +496,21 @@ class Migrator(RefTracking, cst.CSTTransformer):
         """`node` flows into a string built at run time: an operand of `+` or `%`, an element of what `%` formats
         or `str.join` joins, an argument of `str.format` (`"xla" + ":" + str(i)`, rv32e item 5)."""
         chain = self._parents[:-1] if self._parents and self._parents[-1] is node else self._parents
+        in_sequence = False
         for parent in reversed(chain[-4:]):
             if isinstance(parent, cst.BinaryOperation):
                 return isinstance(parent.operator, (cst.Add, cst.Modulo))
+            if isinstance(parent, cst.FormattedStringExpression):  # f"{'xla'}:{i}" (rv32f item 10)
+                return True
             if isinstance(parent, cst.Call):
-                return isinstance(parent.func, cst.Attribute) and parent.func.attr.value in ("join", "format")
+                if not (isinstance(parent.func, cst.Attribute) and parent.func.attr.value in ("join", "format")):
+                    return False
+                # `":".join(["xla", ...])`, not a path: `os.path.join("/tmp", "xla")` (rv32f item 10)
+                return (parent.func.attr.value == "format" or in_sequence
+                        or isinstance(parent.func.value, (cst.SimpleString, cst.ConcatenatedString)))
             if not isinstance(parent, (cst.Element, cst.Arg, cst.List, cst.Tuple)):
                 return False
+            in_sequence = in_sequence or isinstance(parent, cst.Element)
         return False
 
     def _alone_on_its_line(self, call: cst.Call) -> bool:
@@ -658,7 +674,7 @@ class Migrator(RefTracking, cst.CSTTransformer):
                 and "dev" in updated_node.targets[0].target.value.lower() and is_xla_string(updated_node.value)):
             quote = updated_node.value.quote  # type: ignore[attr-defined]
             new = updated_node.with_changes(value=cst.SimpleString(self.ctx.device_str(quote)))
-            self.ctx.state["device_used"] = True
+            self.ctx.state["device_used"] = self.ctx.state["current_device"] = True
             self._record("xla-device-string", original_node, new)
             return new
         return updated_node
@@ -691,13 +707,16 @@ class _Requote(cst.CSTTransformer):
 class Cleanup(cst.CSTTransformer):
     """Drop family imports nothing unflagged needs; drop removal markers keeping their comments; no empty body."""
 
-    def __init__(self, ctx: Ctx, still_used: set[str], rules: Rules, import_lines: dict[str, int]) -> None:
+    def __init__(self, ctx: Ctx, still_used: set[str], rules: Rules, import_lines: dict[str, int],
+                 line_queue: dict[str, list[int]] | None = None) -> None:
         super().__init__()
         self.import_lines = import_lines
+        # the same import text twice (in two functions): each its own line, in order (rv32f item 11)
+        self.line_queue = {text: list(lines) for text, lines in (line_queue or {}).items()}
         self.ctx = ctx
         self.still_used = still_used
         self.rules = rules
-        self.removed_imports: list[str] = []
+        self.removed_imports: list[tuple[str, int]] = []  # (its code, its line)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         # statements and blocks only: nothing below a simple statement's line needs visiting (the speed of it)
@@ -751,9 +770,12 @@ class Cleanup(cst.CSTTransformer):
             if res is False:
                 body.append(small)
                 continue
+            text = self.ctx.code(small).strip()
+            queue = self.line_queue.get(text) or [self.import_lines.get(text, 0)]
+            line = queue.pop(0) if len(queue) > 1 else queue[0]
             if res is None:
                 changed = True
-                self.removed_imports.append(self.ctx.code(small).strip())
+                self.removed_imports.append((text, line))
                 continue
             if res is not small:
                 changed = True
@@ -939,16 +961,17 @@ def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     ctx.state["called"] = _called_names_ast(tree) if tree is not None else _called_names(module)
     ctx.state["tree"] = tree
+    ctx.state["os_name"] = "_neuron_os" if _rebinds_os(tree, module) else "os"
+    ctx.state["own_probes"] = {s.name.value for s in module.body if isinstance(s, cst.FunctionDef)} & _XLA_PROBES
     for prep in rules.prepare:
         prep(ctx, module)
     migrator = Migrator(ctx, rules)
     new = wrapper.visit(migrator)
     still_used = {(dotted(r.node) or "").split(".")[0] for r in migrator.leftovers}
     ctx.state["still_used"] = set(still_used)
-    cleanup = Cleanup(ctx, still_used | keep_names, rules, migrator.import_lines)
+    cleanup = Cleanup(ctx, still_used | keep_names, rules, migrator.import_lines, migrator.import_line_queue)
     new = new.visit(cleanup)
-    for text in cleanup.removed_imports:
-        line = migrator.import_lines.get(text, 0)
+    for text, line in cleanup.removed_imports:
         ctx.rewrites.append(Rewrite(line=line, rule="import", before=text, after="", cell=cell))
     for mod in aliases.star_imports:
         if in_family(mod):
@@ -958,16 +981,27 @@ def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON
                                   code=f"from {mod} import *", cell=cell))
     # the group first (rv32e items 3, 4): a collective's helper starts it, or the script starts its own XLA group
     # and uses the device (maybe before it)
-    early = with_helpers and _is_script(module) and (
+    script = with_helpers and _is_script(module)
+    early = script and (
         "neuron_init_group" in helpermod.closure(ctx.helpers) or (ctx.state.get("xla_init") and ctx.state.get(
             "device_used")))
     if early:
         new = new.visit(_GuardInits(ctx, ctx.state.get("inits", {})))
         ctx.helper("neuron_init_group")
+    elif with_helpers and not script and ctx.state.get("xla_init"):  # a library: its importer starts the group
+        # first (rv32f item 4)
+        new = new.visit(_GuardInits(ctx, ctx.state.get("inits", {}), flagmod.LIBRARY_GROUP))
+    # "xla" and xla_device() were one device: the bare "neuron" (or the current device synchronized) must be the
+    # process's core too (rv32f item 1), in a library module as well (its functions may run before any group sets
+    # the current device); a file that only names the indexed device needs nothing
+    own_core = with_helpers and bool(ctx.state.get("current_device")) and target.device != "cpu"
+    if own_core:
+        ctx.helper("neuron_set_device")
     if with_helpers and ctx.helpers:
         new = insert_helpers(new, helpermod.closure(ctx.helpers), target)
-    if early:
-        new = _start_group_first(new)
+    starts = [call for call, wanted in ((_EARLY_CALL, early), (_SET_DEVICE_CALL, own_core)) if wanted]
+    if starts:
+        new = _start_group_first(new, starts)
     new = add_imports(new, ctx.imports, aliases if cell is not None else None)
     _open_todos(module, ctx, source)
     ctx.rewrites.sort(key=lambda r: r.line)
@@ -977,9 +1011,9 @@ def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON
 
 def _is_script(module: cst.Module) -> bool:
     """A script, not a library module: an `if __name__ == "__main__":` block, or module-level code that runs
-    something (a call as a statement, a loop, a `with`). A library's helpers start the group at their first
-    collective, as before: started at its import, it would collide with the importing script's own
-    `init_process_group`."""
+    something (a call as a statement, a loop, a `with`), also inside a module-level `try` or `if` (`try: main()`,
+    `if args.train: train()`, rv32f item 3). A library's helpers start the group at their first collective, as
+    before: started at its import, it would collide with the importing script's own `init_process_group`."""
     for stmt in module.body:
         if isinstance(stmt, (cst.For, cst.While, cst.With)):
             return True
@@ -988,34 +1022,112 @@ def _is_script(module: cst.Module) -> bool:
         if isinstance(stmt, cst.SimpleStatementLine) and any(
                 isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) for s in stmt.body):
             return True
+        if isinstance(stmt, (cst.If, cst.Try, cst.TryStar)) and _calls_inside(stmt):
+            return True
     return False
 
 
-def _is_init_call(call: cst.Call) -> bool:
-    return (dotted(call.func) or "").rsplit(".", 1)[-1] == "init_process_group"
+# calls that a library module makes at its import too, in a `try` / `if` (a warning of a missing optional package)
+_QUIET_ROOTS = ("warnings", "logging", "logger", "log", "sys", "os", "print")
+
+
+def _calls_inside(stmt: cst.CSTNode) -> bool:
+    """A call as a statement in the blocks of a module-level compound statement, not in its `except` handlers
+    (`except ImportError: warnings.warn(...)` is a library's too), nor in a function or class defined there."""
+    found: list[bool] = []
+
+    class _V(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.ExceptHandler, cst.ExceptStarHandler,
+                                 cst.BaseExpression)):
+                return False
+            if isinstance(node, cst.Expr) and isinstance(node.value, cst.Call):
+                root = (dotted(node.value.func) or "").split(".")[0]
+                if root not in _QUIET_ROOTS:
+                    found.append(True)
+                return False
+            return True
+
+    stmt.visit(_V())
+    return bool(found)
+
+
+def _rebinds_os(tree: ast.AST | None, module: cst.Module) -> bool:
+    """The file binds the name `os` to something else somewhere (a parameter `os="linux"`, an assignment, an
+    import of another module as `os`): generated code then reads the environment through `_neuron_os`."""
+    if tree is None:
+        try:
+            tree = ast.parse(module.code)
+        except SyntaxError:
+            return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.arg == "os":
+            return True
+        if isinstance(node, ast.Name) and node.id == "os" and not isinstance(node.ctx, ast.Load):
+            return True
+        if isinstance(node, ast.ExceptHandler) and node.name == "os":
+            return True
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == "os" for a in node.names):
+            return True
+        if isinstance(node, ast.Import) and any(a.asname == "os" and a.name != "os" for a in node.names):
+            return True
+    return False
+
+
+def _is_init_call(call: cst.Call, resolved: str | None = None) -> bool:
+    """`init_process_group(...)`, also under an import alias (`from torch.distributed import init_process_group as
+    ipg`: `resolved`, rv32f item 4)."""
+    return any((name or "").rsplit(".", 1)[-1] == "init_process_group" for name in (dotted(call.func), resolved))
 
 
 _EARLY_CALL = "neuron_init_group()  # torchrun: the process group first, before any device use (as XLA's runtime)\n"
+_SET_DEVICE_CALL = 'neuron_set_device()  # torchrun: the bare "neuron" is this process\'s core, as XLA\'s one device\n'
 
 
-def _start_group_first(module: cst.Module) -> cst.Module:
-    """Call `neuron_init_group()` right after the inlined helpers, before any module code: under torchrun XLA's
-    runtime joined the processes at start, and the native runtime must not be initialised (a device used)
-    before `init_process_group` (TorchNeuron's `_neuron_runtime_setup` asserts it; rv32e item 3). With one
-    process, or a group already running, it does nothing."""
+def _start_group_first(module: cst.Module, calls: Sequence[str]) -> cst.Module:
+    """Call `neuron_init_group()` (and `neuron_set_device()`) after the inlined helpers, before any module code
+    that can touch the device: under torchrun XLA's runtime joined the processes at start, and the native runtime
+    must not be initialised (a device used) before `init_process_group` (TorchNeuron's `_neuron_runtime_setup`
+    asserts it; rv32e item 3). The module's leading settings go first (`os.environ[...] = ...` between its imports:
+    the group start reads the machine's settings, rv32f item 2). With one process, or a group already running,
+    they do nothing."""
     body = list(module.body)
+    present = set()
     for stmt in body:
         first = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) else None
-        if (isinstance(first, cst.Expr) and isinstance(first.value, cst.Call)
-                and dotted(first.value.func) == "neuron_init_group"):
-            return module  # a second migration
+        if isinstance(first, cst.Expr) and isinstance(first.value, cst.Call) and not first.value.args:
+            present.add(dotted(first.value.func))
+    todo = [call for call in calls if call.split("(")[0] not in present]  # a second migration adds none
+    if not todo:
+        return module
     helpers = [i for i, s in enumerate(body) if isinstance(s, (cst.FunctionDef, cst.ClassDef))
                and s.name.value in helpermod.HELPERS]
     at = helpers[-1] + 1 if helpers else _header_end(body)
-    call = cst.parse_statement(_EARLY_CALL)
-    call = call.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
-    body.insert(at, call)
+    settings_end = _settings_end(body, at)
+    stmts = [cst.parse_statement(call) for call in todo]
+    if settings_end == at:
+        stmts[0] = stmts[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+    body[settings_end:settings_end] = stmts
     return module.with_changes(body=body)
+
+
+# what a module's leading settings may call: the environment and the import path
+_SETTING_CALLS = ("os.environ.", "os.putenv", "sys.path.")
+_ANY_CALL = cst_matchers.Call()
+
+
+def _settings_end(body: Sequence[Stmt], at: int) -> int:
+    """The index of the first module-level statement from `at` on that may touch the device: one that is not an
+    import nor a simple statement calling nothing but `os.environ` / `sys.path` methods (`os.environ["X"] = "1"`)."""
+    while at < len(body):
+        stmt = body[at]
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            break
+        if not _is_import_line(stmt) and any(
+                not (dotted(c.func) or "").startswith(_SETTING_CALLS) for c in cst_matchers.findall(stmt, _ANY_CALL)):
+            break
+        at += 1
+    return at
 
 
 class _GuardInits(cst.CSTTransformer):
@@ -1024,10 +1136,12 @@ class _GuardInits(cst.CSTTransformer):
     torch.distributed.is_initialized():` (under torchrun the group it meant runs already; without, it starts it
     as before); one already behind an `is_initialized()` test is left alone; any other is flagged."""
 
-    def __init__(self, ctx: Ctx, inits: dict[int, tuple[int, cst.Call]]) -> None:
+    def __init__(self, ctx: Ctx, inits: dict[int, tuple[int, cst.Call]],
+                 rule: flagmod.FlagRule = flagmod.EARLY_GROUP) -> None:
         super().__init__()
         self.ctx = ctx
         self.inits = inits
+        self.rule = rule
         self.tests: list[str] = []  # the tests of the enclosing `if`s
         self.marks: list[list[str]] = []  # per enclosing statement: "guard" or "flag"
         self.bare: list[int] = []  # per enclosing statement: the id of its call when it is a lone call
@@ -1059,7 +1173,7 @@ class _GuardInits(cst.CSTTransformer):
         marks = self.marks.pop()
         self.bare.pop()
         if "flag" in marks:
-            return _with_todos(updated, [flagmod.EARLY_GROUP])
+            return _with_todos(updated, [self.rule])
         if "guard" in marks:
             self.ctx.need("torch")
             test = cst.parse_expression("not torch.distributed.is_initialized()")
@@ -1075,7 +1189,7 @@ class _GuardInits(cst.CSTTransformer):
             self.marks[-1].append("guard")
             return True
         self.marks[-1].append("flag")
-        rule = flagmod.EARLY_GROUP
+        rule = self.rule
         self.ctx.flags.append(Flag(line=entry[0], rule=rule.rule, reason=rule.reason, suggestion=rule.suggestion,
                                    code=self.ctx.code(node).strip(), cell=self.ctx.cell))
         return True

@@ -76,9 +76,16 @@ def _flag_groups(ctx: Ctx, call: cst.Call, params: tuple[str, ...]) -> bool:
     return False
 
 
+def _os(ctx: Ctx) -> str:
+    """The name generated code reads the environment through: `os`, or `_neuron_os` (`import os as _neuron_os`)
+    where the file binds `os` to something else somewhere (a parameter `os="linux"`, rv32f item 5)."""
+    name = str(ctx.state.get("os_name", "os"))
+    ctx.need("os" if name == "os" else f"os as {name}")
+    return name
+
+
 def _env_int(ctx: Ctx, var: str, default: str) -> str:
-    ctx.need("os")
-    return f'int(os.environ.get("{var}", "{default}"))'
+    return f'int({_os(ctx)}.environ.get("{var}", "{default}"))'
 
 
 def _device(ctx: Ctx, call: cst.Call, qn: str) -> Expr:
@@ -113,6 +120,7 @@ for _qn in (f"{XM}.mark_step", "torch_xla.sync", f"{XM}.optimization_barrier_"):
 
 def _sync(ctx: Ctx, call: cst.Call, qn: str) -> Expr:
     ctx.need("torch")
+    ctx.state["current_device"] = True  # synchronizes the current device (rv32f item 1)
     return ctx.expr(ctx.target.synchronize)
 
 
@@ -168,8 +176,7 @@ def _is_master(ctx: Ctx, call: cst.Call, qn: str) -> Expr:
         return ctx.expr(f"{_env_int(ctx, 'LOCAL_RANK', '0')} == 0")
     if isinstance(local, cst.Name) and local.value == "False":
         return ctx.expr(f"{_env_int(ctx, 'RANK', '0')} == 0")
-    ctx.need("os")
-    return ctx.expr(f'int(os.environ.get("LOCAL_RANK" if {ctx.code(local)} else "RANK", "0")) == 0')
+    return ctx.expr(f'int({_os(ctx)}.environ.get("LOCAL_RANK" if {ctx.code(local)} else "RANK", "0")) == 0')
 
 
 RULES.calls[f"{XM}.is_master_ordinal"] = _is_master
@@ -189,8 +196,7 @@ def _print_call(ctx: Ctx, call: cst.Call) -> tuple[str, str] | None:
     elif is_literal(local, True):
         master = f"{_env_int(ctx, 'LOCAL_RANK', '0')} == 0"
     else:
-        ctx.need("os")
-        master = f'int(os.environ.get("LOCAL_RANK" if {ctx.code(local)} else "RANK", "0")) == 0'
+        master = f'int({_os(ctx)}.environ.get("LOCAL_RANK" if {ctx.code(local)} else "RANK", "0")) == 0'
     if "fd" in kw:
         parts.append(f"file={ctx.code(kw['fd'].value)}")
     if "finalizer" in kw:
@@ -434,7 +440,7 @@ def _spawn_stmt(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt] | None:
     elif args is not None:
         call_args.append(f"*{ctx.code(args)}")
     ctx.warn(f"launch the script with `torchrun --nproc-per-node {_process_count(ctx, call, qn)}`")
-    ctx.need("os")
+    env = f"{_os(ctx)}.environ"
     ctx.state["spawn"] = True
     call_fn = ctx.stmt(f"{ctx.code(fn)}({', '.join(call_args)})\n")
     if isinstance(fn, cst.Name) and fn.value in ctx.state.get("own_group_fns", set()):
@@ -444,7 +450,7 @@ def _spawn_stmt(ctx: Ctx, call: cst.Call, qn: str) -> list[Stmt] | None:
     ctx.need("torch")
     return [
         # a second launch in the same script reuses the group (rv32b item 8: init twice raised)
-        ctx.stmt(f'if "WORLD_SIZE" in os.environ and not torch.distributed.is_initialized():  # torchrun\'s workers\n'
+        ctx.stmt(f'if "WORLD_SIZE" in {env} and not torch.distributed.is_initialized():  # torchrun\'s workers\n'
                  f'    torch.distributed.init_process_group("{ctx.target.backend}")\n'),
         call_fn,
     ]
@@ -662,6 +668,10 @@ def _native_call(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None
     if qn in _PG_CALLS:
         for i, a in enumerate(args):
             if (a.keyword is None and i == 0) or (a.keyword is not None and a.keyword.value == "backend"):
+                if (isinstance(a.value, cst.Name) and a.value.value in ctx.state.get("xla_names", set())
+                        and "dev" not in a.value.value.lower()):  # `BACKEND = "xla"` is left as it is (rv32f 6)
+                    ctx.flag(flagmod.BACKEND_VAR, ctx.code(original).strip())
+                    return None
                 if isinstance(a.value, cst.SimpleString) and a.value.evaluated_value == "xla":
                     args[i] = a.with_changes(value=cst.SimpleString(f"{a.value.quote}{ctx.target.backend}"
                                                                     f"{a.value.quote}"))
@@ -675,9 +685,12 @@ def _native_call(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None
             keep.append(a)
         if keep and keep[-1].comma is not cst.MaybeSentinel.DEFAULT and len(keep) < len(args):
             keep[-1] = keep[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        xla_rendezvous = len(keep) < len(args)
         args = keep
         if changed and qn != "torch.distributed.new_group":  # the script starts an XLA group: started first now
             ctx.state["xla_init"] = True
+        if xla_rendezvous and qn != "torch.distributed.new_group" and _only_native_backend(ctx, args):
+            return _world_of_one(ctx)
     else:
         core = _current_core(ctx, original, qn)
         if core is not None:
@@ -694,10 +707,28 @@ def _native_call(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None
                 quote = a.value.quote  # type: ignore[attr-defined]
                 args[i] = a.with_changes(value=cst.SimpleString(ctx.device_str(quote)))
                 changed = True
-                ctx.state["device_used"] = True
+                ctx.state["device_used"] = ctx.state["current_device"] = True  # the bare "neuron" (rv32f item 1)
     if not changed:
         return None
     return updated.with_changes(args=args)
+
+
+def _only_native_backend(ctx: Ctx, args: list[cst.Arg]) -> bool:
+    """A whole statement `init_process_group(<the target's backend>)`, nothing else given."""
+    if not ctx.state.get("bare_call") or len(args) != 1 or args[0].star:
+        return False
+    first = args[0]
+    named = first.keyword is None or first.keyword.value == "backend"
+    return named and isinstance(first.value, cst.SimpleString) and first.value.evaluated_value == ctx.target.backend
+
+
+def _world_of_one(ctx: Ctx) -> Expr:
+    """`init_process_group("xla", init_method="xla://")`: XLA's xla:// rendezvous takes the rank and world size
+    from PJRT, a world of one process without a launcher (pytorch/xla torch_xla/_internal/rendezvous.py,
+    pjrt_rendezvous_handler), where the native env:// needs torchrun's RANK: the helper starts torchrun's group,
+    or alone a group of one (rv32f item 7); a group already running is kept."""
+    ctx.helper("neuron_init_group")
+    return ctx.expr("neuron_init_group(world_of_one=True)")
 
 
 def _native_call_hook(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None:
