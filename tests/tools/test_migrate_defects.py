@@ -1494,7 +1494,9 @@ def test_rv32e_4_the_scripts_own_group_after_the_helpers_starts_once(monkeypatch
                                   'dist.init_process_group("gloo")', 'ok = dist.init_process_group("xla")'])
 def test_rv32e_4_an_init_the_guard_cannot_keep_as_it_was_is_flagged(init: str) -> None:
     res = migrate_python(RDV_THEN_INIT.replace('dist.init_process_group("xla", init_method="xla://")', init))
-    assert [f.rule for f in res.flags] == ["xla-early-group"] and "is_initialized():\n        dist" not in res.code
+    dropped = ["xla-init-method"] if "xla://" in init else []  # its init_method is dropped too (rv32g item 8)
+    assert [f.rule for f in res.flags] == [*dropped, "xla-early-group"]
+    assert "is_initialized():\n        dist" not in res.code
     assert migrate_python(res.code).flags  # still open on a second pass
 
 
@@ -1760,3 +1762,154 @@ def test_rv32f_11_an_import_repeated_in_two_functions_is_reported_at_each_line()
             "async def agen():\n    " + XM + "    return xm.get_ordinal()\n")
     res = migrate_python(code)
     assert sorted(r.line for r in res.rewrites if r.rule == "import") == [5, 10]
+
+
+# rv32g (issue 32): the module's own `os`, what makes a script, the positional / dropped init_method, a backend
+# that is no literal, a group started again after destroy_process_group
+G24 = ("import platform\nimport torch\n" + XM + "\nos = platform.system().lower()\nt = torch.ones(2).to('xla')\n"
+       "s = xm.all_reduce(xm.REDUCE_SUM, t)\nif xm.is_master_ordinal():\n    shown = os\n")
+
+
+@pytest.mark.parametrize("world", ["2", None])
+def test_rv32g_1_the_helpers_read_the_environment_through_their_own_os(monkeypatch: pytest.MonkeyPatch,
+                                                                      world: str | None) -> None:
+    """g24: `os = platform.system().lower()` at module level: the inlined helpers read `os.environ` from the
+    module's `os`, a string then (AttributeError at the first collective). Each helper imports os under its own
+    name now. XLA: the sum over the processes; the module's `os` keeps its value."""
+    res = migrate_python(G24, target=CPU)
+    assert "\nimport os\n" not in res.code and not res.flags
+    seen = _fake_world(monkeypatch, int(world or 1))
+    scope = _run(res.code, {} if world is None else {"WORLD_SIZE": world, "LOCAL_RANK": "0"}, monkeypatch)
+    assert scope["s"].tolist() == [float(world or 1)] * 2 and scope["shown"] == __import__("platform").system().lower()
+    assert seen["init"] == (["gloo"] if world else [])
+    neuron = migrate_python(G24).code  # the neuron target: neuron_set_device reads LOCAL_RANK through its own os
+    assert "    import os as _os\n" in helper_source("neuron_set_device", "neuron", "neuron")
+    assert "\nimport os\n" not in neuron and migrate_python(neuron).code == neuron
+
+
+@pytest.mark.parametrize(("module", "joined"), [("posixpath", "a/b"), ("ntpath", "a\\b")])
+def test_rv32g_2_no_plain_import_os_rebinds_the_files_own_os(monkeypatch: pytest.MonkeyPatch, module: str,
+                                                            joined: str) -> None:
+    """g15: `import posixpath as os`: the migration added a plain `import os` after it, rebinding the file's name
+    (`os.join` then failed; with ntpath it would silently have joined with "/"). Only the private alias now."""
+    code = ("import torch\n" + XM + f"import {module} as os\n\nt = torch.ones(2).to('xla')\n"
+            "s = xm.all_reduce(xm.REDUCE_SUM, t)\nif xm.is_master_ordinal():\n    path = os.join('a', 'b')\n")
+    res = migrate_python(code, target=CPU)
+    assert "\nimport os\n" not in res.code and "import os as _neuron_os\n" in res.code and not res.flags
+    _fake_world(monkeypatch, 2)
+    scope = _run(res.code, {"WORLD_SIZE": "2", "LOCAL_RANK": "0"}, monkeypatch)
+    assert scope["path"] == joined and scope["s"].tolist() == [2.0, 2.0]
+
+
+G16 = ("import torch\n" + XM + "\ndef main():\n    started = torch.distributed.is_initialized()\n"
+       "    t = torch.ones(2).to('xla')\n    return started, xm.all_reduce(xm.REDUCE_SUM, t)\n\n")
+
+
+@pytest.mark.parametrize("call", ["result = main()\n",  # g16
+                                  "if len(sys.argv) > 0:\n    try:\n        result = main()\n"  # g23
+                                  "    except RuntimeError:\n        sys.exit(1)\n",
+                                  "result: tuple = main()\n"])
+def test_rv32g_3_a_script_that_assigns_its_entry_points_value_starts_the_group_first(
+        monkeypatch: pytest.MonkeyPatch, call: str) -> None:
+    """g16, g23: `result = main()` (also in a module-level if / try) is a script's run: only calls as statements
+    counted, so the group started at the first collective, after the device was used (the native runtime must not
+    be initialised before init_process_group). XLA's runtime joined the processes at start: started first now."""
+    res = migrate_python("import sys\n" + G16 + call, target=CPU)
+    assert "\nneuron_init_group()  #" in res.code and not res.flags
+    seen = _fake_world(monkeypatch, 2)
+    started, total = _run(res.code, {"WORLD_SIZE": "2", "LOCAL_RANK": "0"}, monkeypatch)["result"]
+    assert started is True and total.tolist() == [2.0, 2.0] and seen["init"] == ["gloo"]
+    library = migrate_python("import sys\n" + G16, target=CPU)  # the twin: main() is defined, not run
+    assert "\nneuron_init_group()  #" not in library.code and not library.flags
+
+
+G25 = ("import torch\n" + XM + "try:\n    torch.serialization.add_safe_globals([dict])\nexcept AttributeError:\n"
+       "    pass\n\ndef reduce(t):\n    return xm.all_reduce(xm.REDUCE_SUM, t)\n")
+
+
+def test_rv32g_4_a_library_that_configures_torch_at_import_is_no_script(monkeypatch: pytest.MonkeyPatch) -> None:
+    """g25pkg: a library calling `torch.serialization.add_safe_globals` at import was taken for a script and
+    started the group at its import: the importing script's own init_process_group then started a second one.
+    Calls into torch / the standard library are no sign of a script; a call into something unknown, with no other
+    sign, is flagged (not started); a call to main() is a script's."""
+    res = migrate_python(G25, target=CPU)
+    assert "\nneuron_init_group()  #" not in res.code and not res.flags
+    seen = _fake_world(monkeypatch, 2)
+    scope = _run(res.code, {"WORLD_SIZE": "2", "LOCAL_RANK": "0"}, monkeypatch)
+    assert seen["init"] == []  # importing it starts nothing
+    assert scope["reduce"](torch.ones(2)).tolist() == [2.0, 2.0] and seen["init"] == ["gloo"]
+    unsure = migrate_python(G25.replace("import torch\n", "import torch\nimport mypkg\n").replace(
+        "torch.serialization.add_safe_globals([dict])", "mypkg.setup()"), target=CPU)
+    assert [(f.rule, f.line) for f in unsure.flags] == [("xla-script-unsure", 5)]
+    assert "\nneuron_init_group()  #" not in unsure.code and unsure.code.count(TODO) == 1
+    assert migrate_python(unsure.code, target=CPU).flags  # still open on a second pass
+    script = migrate_python(G25 + "\ndef main():\n    pass\n\n\nmain()\n", target=CPU)
+    assert "\nneuron_init_group()  #" in script.code and not script.flags
+
+
+GROUP = "import torch\nimport torch.distributed as dist\n" + XM + "\n{init}\nd = xm.xla_device()\n"
+
+
+def test_rv32g_5_a_positional_xla_init_method_is_the_keyword_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """g06: `init_process_group("xla", "xla://")` kept "xla://" (torch: "No rendezvous handler for xla://").
+    Position 1 is init_method in torch's signature: as the keyword form, alone a group of one (rv32f item 7);
+    with options after it by position, flagged."""
+    res = migrate_python(GROUP.format(init='dist.init_process_group("xla", "xla://")'), target=CPU)
+    keyword = migrate_python(GROUP.format(init='dist.init_process_group("xla", init_method="xla://")'), target=CPU)
+    assert res.code == keyword.code and "\nneuron_init_group(world_of_one=True)\n" in res.code and not res.flags
+    seen = _fake_world(monkeypatch, 1)
+    _run(res.code, {}, monkeypatch)
+    assert seen["init"] == ["gloo"]  # alone: a group of one, as XLA's xla:// rendezvous
+    timed = migrate_python(GROUP.format(init='dist.init_process_group("xla", "xla://", t)'))
+    assert [f.rule for f in timed.flags] == ["xla-init-method"] and '"xla://", t)' in timed.code
+
+
+@pytest.mark.parametrize(("code", "twin"), [
+    ('import argparse\np = argparse.ArgumentParser()\np.add_argument("--backend", default="xla")\n'
+     "args = p.parse_args([])\ndist.init_process_group(args.backend)\n", ('"xla"', '"gloo"')),  # g11
+    ('backend = "xla" if os.environ.get("USE_XLA", "1") == "1" else "gloo"\ndist.init_process_group(backend)\n',
+     ('"xla"', '"nccl"')),  # g12
+    ('opts = {"backend": "xla"}\ndist.init_process_group(**opts)\n', ('"xla"', '"gloo"')),
+])
+def test_rv32g_6_a_backend_that_is_no_literal_in_a_file_naming_xla_is_flagged(code: str,
+                                                                             twin: tuple[str, str]) -> None:
+    """g11, g12: `args.backend` (argparse default "xla"), `"xla" if c else "gloo"`: left as they were, unflagged,
+    and "xla" is no native backend. Any init_process_group backend that is not a literal, in a file that names
+    "xla", is flagged now; the twin names no "xla"."""
+    head = "import os\nimport torch.distributed as dist\n"
+    res = migrate_python(head + code)
+    assert [f.rule for f in res.flags] == ["xla-backend-var"] and TODO in res.code
+    assert migrate_python(head + code.replace(*twin)).flags == []
+
+
+G05 = ("import torch\nimport torch.distributed as dist\n" + XM + "\ndist.init_process_group('xla', init_method="
+       "'xla://')\nn = dist.get_world_size()\ndist.destroy_process_group()\n{second}t = torch.ones(2, "
+       "device=xm.xla_device())\n")
+
+
+def test_rv32g_7_a_neuron_group_started_again_after_destroy_is_flagged() -> None:
+    """g05: init, destroy_process_group, init again under torchrun hung on 2 ranks. Measured (2 ranks, torchrun):
+    plain PyTorch's gloo re-initialises and reduces; the emulated "neuron" backend fails the second gloo mesh
+    connect (connection refused). The neuron migration flags the second init; the CPU reference (gloo) does not;
+    the twin, one init and a destroy at the end, is not flagged."""
+    again = G05.format(second="dist.init_process_group('xla', init_method='xla://')\n")
+    res = migrate_python(again)
+    assert [(f.rule, f.line) for f in res.flags] == [("xla-group-reinit", 8)]
+    assert res.code.count("neuron_init_group(world_of_one=True)") == 2  # both still rewritten
+    assert migrate_python(again, target=CPU).flags == []
+    assert migrate_python(G05.format(second="")).flags == []
+    loop = "import torch.distributed as dist\nfor i in range(2):\n    dist.init_process_group('xla')\n    x = 1\n" \
+        "    dist.destroy_process_group()\n"  # the init after the first destroy, by the loop
+    assert [(f.rule, f.line) for f in migrate_python(loop).flags] == [("xla-group-reinit", 3)]
+
+
+def test_rv32g_8_an_xla_init_method_dropped_from_an_expression_is_flagged() -> None:
+    """g07: `ok = init_process_group(backend="xla", init_method="pjrt://")`: the init_method was dropped with no
+    flag; alone (no torchrun) env:// then fails where XLA's pjrt:// started a group of one. Flagged; the twin, a
+    statement of its own, becomes the helper's group of one."""
+    code = "import torch.distributed as dist\n\nok = dist.init_process_group(backend='xla', init_method='pjrt://')\n"
+    res = migrate_python(code)
+    assert [(f.rule, f.line) for f in res.flags] == [("xla-init-method", 3)] and TODO in res.code
+    assert "ok = dist.init_process_group(backend='neuron')" in res.code
+    twin = migrate_python(code.replace("ok = ", ""))
+    assert "\nneuron_init_group(world_of_one=True)\n" in twin.code and not twin.flags

@@ -158,9 +158,31 @@ XLA_DEVICE_FSTRING = FlagRule(
     "`xla:0`; the rewrite cannot tell which core a built index means.",
     "torch.device('neuron', int(os.environ['LOCAL_RANK'])), the core of a torchrun worker.")
 BACKEND_VAR = FlagRule(
-    "xla-backend-var", "The process group's backend is a variable assigned \"xla\" (`BACKEND = \"xla\"`): it is "
-    "left as it is, and the native init_process_group has no \"xla\" backend.",
-    "assign it \"neuron\" (or pass \"neuron\"); the group then starts as torchrun's, as XLA's did.")
+    "xla-backend-var", "The process group's backend is not a literal (a variable assigned \"xla\", `args.backend`, "
+    "`\"xla\" if c else \"gloo\"`) in a file that names \"xla\": it is left as it is, and the native "
+    "init_process_group has no \"xla\" backend.",
+    "make the value \"neuron\" where it was \"xla\" (or pass \"neuron\"); the group then starts as torchrun's, as "
+    "XLA's did.")
+XLA_INIT_METHOD = FlagRule(
+    "xla-init-method", "XLA's init_method \"xla://\" / \"pjrt://\" took the world from XLA's runtime, also one "
+    "process alone with no launcher; the native env:// rendezvous needs torchrun's RANK and WORLD_SIZE. This call "
+    "cannot become `neuron_init_group(world_of_one=True)` (its value is used, it has other options, or options "
+    "follow the init_method by position): the init_method is dropped.",
+    "make it a statement of its own, `neuron_init_group(world_of_one=True)` (it starts torchrun's group, or alone "
+    "a group of one), or run it under torchrun only.")
+GROUP_REINIT = FlagRule(
+    "xla-group-reinit", "This init_process_group follows a destroy_process_group: under torchrun a second "
+    "\"neuron\" default group after the first was destroyed fails to connect (the emulated backend; plain "
+    "PyTorch's gloo re-initialises), where XLA's runtime kept its world.",
+    "keep one process group for the whole run (drop the destroy / re-init pair), or use new_group() for a second "
+    "group.")
+SCRIPT_UNSURE = FlagRule(
+    "xla-script-unsure", "The migration cannot tell whether this file is a script or a library: its module-level "
+    "code calls something it does not know (not a function of this file, not an entry point like main()). A "
+    "script run under torchrun needs the process group started first, before any device use, as XLA's runtime "
+    "did; started at a library's import it would collide with the importing script's own group. Not started.",
+    "a script: call `neuron_init_group()` after the inlined helpers, before any device use (or wrap the code in "
+    "`if __name__ == \"__main__\":` and migrate again); a library: nothing to do.")
 LIBRARY_GROUP = FlagRule(
     "xla-library-group", "A migrated script that imports this module starts the process group first under torchrun "
     "(`neuron_init_group()` after its helpers); this init_process_group, with other options, on one line with "

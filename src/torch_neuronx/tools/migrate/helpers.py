@@ -19,6 +19,9 @@ keeps one torch_xla semantic that has no one-line native form:
 - NxD's ``parallel_state`` holds the tensor/data parallel mesh.
 
 Names start with ``neuron_`` so that a second migration finds them (and adds nothing) and user names are safe.
+Each helper that reads the environment imports ``os`` under a private name in its own body: the file may bind
+``os`` to something else (``os = platform.system()``, ``import posixpath as os``), and adding a module-level
+``import os`` would rebind the file's own name (issue 32 rv32g items 1, 2).
 """
 
 from __future__ import annotations
@@ -88,12 +91,14 @@ def neuron_init_group(world_of_one=False):
     """Start the default process group when torchrun started several processes and the script has none, as XLA's
     runtime joined them from torchrun's environment; True when a process group runs (torch-neuronx migrate).
     world_of_one: init_process_group("xla", init_method="xla://") also started a group of one process alone."""
+    import os as _os
+
     if not torch.distributed.is_available():
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if int(_os.environ.get("WORLD_SIZE", "1")) > 1:
             raise RuntimeError("WORLD_SIZE > 1 but torch.distributed is not available: cannot reduce over processes")
         return False
     if not torch.distributed.is_initialized():
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if int(_os.environ.get("WORLD_SIZE", "1")) > 1:
             torch.distributed.init_process_group({backend!r})
         elif world_of_one:
             store = torch.distributed.HashStore()
@@ -108,8 +113,10 @@ _SET_DEVICE = '''
 def neuron_set_device():
     """Make the bare "neuron" device this process's own core, neuron:LOCAL_RANK under torchrun, as each XLA process
     had one device ("xla" and xla_device() were the same); alone, core 0 as before (torch-neuronx migrate)."""
-    if "LOCAL_RANK" in os.environ:
-        torch.neuron.set_device(int(os.environ["LOCAL_RANK"]))
+    import os as _os
+
+    if "LOCAL_RANK" in _os.environ:
+        torch.neuron.set_device(int(_os.environ["LOCAL_RANK"]))
 '''
 
 _AVERAGE = '''
@@ -143,7 +150,9 @@ def neuron_save(data, path, master_only=True, global_master=False):
     """torch.save on the master only, after moving to the CPU, as xm.save did (torch-neuronx migrate). The master is
     the local one (LOCAL_RANK 0) unless global_master (RANK 0). No barrier: xm.save has none since PyTorch/XLA 2.1
     (pytorch/xla 4f7f3dcd "Remove rendezvous from xm.save"), so `if master: neuron_save(...)` cannot hang."""
-    rank = int(os.environ.get("RANK" if global_master else "LOCAL_RANK", "0"))
+    import os as _os
+
+    rank = int(_os.environ.get("RANK" if global_master else "LOCAL_RANK", "0"))
     if not master_only or rank == 0:
         torch.save(neuron_to_device(data, "cpu"), path)
 '''
@@ -243,27 +252,29 @@ _MASTER_PRINT = '''
 def neuron_master_print(*args, local=False, file=None):
     """Print on the (local) master only; the arguments were evaluated on every rank, as XLA's master_print
     (torch-neuronx migrate)."""
-    if int(os.environ.get("LOCAL_RANK" if local else "RANK", "0")) == 0:
+    import os as _os
+
+    if int(_os.environ.get("LOCAL_RANK" if local else "RANK", "0")) == 0:
         print(*args, file=file, flush=True)
 '''
 
 HELPERS: dict[str, Helper] = {
     h.name: h
     for h in (
-        Helper("neuron_init_group", _GROUP, ("os", "torch")),
-        Helper("neuron_set_device", _SET_DEVICE, ("os", "torch")),
+        Helper("neuron_init_group", _GROUP, ("torch",)),
+        Helper("neuron_set_device", _SET_DEVICE, ("torch",)),
         Helper("neuron_to_device", _TO_DEVICE, ("copy", "torch")),
         Helper("NeuronDeviceLoader", _LOADER, (), ("neuron_to_device",)),
         Helper("neuron_average_gradients", _AVERAGE, ("torch",), ("neuron_init_group",)),
         Helper("neuron_optimizer_step", _OPT_STEP, (), ("neuron_average_gradients",)),
-        Helper("neuron_save", _SAVE, ("os", "torch"), ("neuron_to_device",)),
+        Helper("neuron_save", _SAVE, ("torch",), ("neuron_to_device",)),
         Helper("neuron_all_reduce", _ALL_REDUCE, ("torch",), ("neuron_init_group",)),
         Helper("neuron_mesh_reduce", _MESH_REDUCE, ("torch",), ("neuron_to_device", "neuron_init_group")),
         Helper("neuron_rendezvous", _RENDEZVOUS, ("torch",), ("neuron_init_group",)),
         Helper("neuron_init_mesh", _MESH, ("torch",)),
         Helper("neuron_init_weight", _INIT_WEIGHT, ("torch",)),
         Helper("NeuronSkipBiasLinear", _SKIP_BIAS, ("torch",)),
-        Helper("neuron_master_print", _MASTER_PRINT, ("os",)),
+        Helper("neuron_master_print", _MASTER_PRINT, ()),
     )
 }
 

@@ -16,6 +16,7 @@ Rules live in ``rules_xla``, ``rules_optimum`` and ``rules_nxd``, which depend o
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 import textwrap
 from collections import Counter
@@ -981,10 +982,17 @@ def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON
                                   code=f"from {mod} import *", cell=cell))
     # the group first (rv32e items 3, 4): a collective's helper starts it, or the script starts its own XLA group
     # and uses the device (maybe before it)
-    script = with_helpers and _is_script(module)
-    early = script and (
-        "neuron_init_group" in helpermod.closure(ctx.helpers) or (ctx.state.get("xla_init") and ctx.state.get(
-            "device_used")))
+    kind, unsure_line = _script_kind(module, tree) if with_helpers else ("library", 0)
+    script = kind == "script"
+    group_first = "neuron_init_group" in helpermod.closure(ctx.helpers) or bool(
+        ctx.state.get("xla_init") and ctx.state.get("device_used"))
+    early = script and group_first
+    unsure = kind == "unsure" and group_first  # not started at import: flagged (rv32g item 4)
+    if unsure:
+        rule = flagmod.SCRIPT_UNSURE
+        code = module.code.splitlines()[unsure_line - 1].strip() if unsure_line else ""
+        ctx.flags.append(Flag(line=unsure_line, rule=rule.rule, reason=rule.reason, suggestion=rule.suggestion,
+                              code=code, cell=cell))
     if early:
         new = new.visit(_GuardInits(ctx, ctx.state.get("inits", {})))
         ctx.helper("neuron_init_group")
@@ -1002,6 +1010,8 @@ def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON
     starts = [call for call, wanted in ((_EARLY_CALL, early), (_SET_DEVICE_CALL, own_core)) if wanted]
     if starts:
         new = _start_group_first(new, starts)
+    if unsure:
+        new = _todo_after_helpers(new, flagmod.SCRIPT_UNSURE)
     new = add_imports(new, ctx.imports, aliases if cell is not None else None)
     _open_todos(module, ctx, source)
     ctx.rewrites.sort(key=lambda r: r.line)
@@ -1009,47 +1019,105 @@ def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON
     return new, ctx
 
 
-def _is_script(module: cst.Module) -> bool:
-    """A script, not a library module: an `if __name__ == "__main__":` block, or module-level code that runs
-    something (a call as a statement, a loop, a `with`), also inside a module-level `try` or `if` (`try: main()`,
-    `if args.train: train()`, rv32f item 3). A library's helpers start the group at their first collective, as
-    before: started at its import, it would collide with the importing script's own `init_process_group`."""
-    for stmt in module.body:
-        if isinstance(stmt, (cst.For, cst.While, cst.With)):
-            return True
-        if isinstance(stmt, cst.If) and "__main__" in _EMPTY.code_for_node(stmt.test):
-            return True
-        if isinstance(stmt, cst.SimpleStatementLine) and any(
-                isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) for s in stmt.body):
-            return True
-        if isinstance(stmt, (cst.If, cst.Try, cst.TryStar)) and _calls_inside(stmt):
-            return True
-    return False
+# the names of a script's entry points (`main()`, `run()`, `trainer.train()`): calling one at module level runs it
+_ENTRY = re.compile(r"_?(main|run|train|training|fit|launch|cli|app|evaluate|eval|finetune|pretrain)(_\w+)?")
+# calls that a library module makes at its import too (a warning of a missing optional package, configuration)
+_QUIET_ROOTS = frozenset(("warnings", "logging", "logger", "log", "sys", "os", "print", "re", "collections",
+                          "functools", "typing", "dataclasses", "enum", "namedtuple", "TypeVar", "partial"))
+_BUILTINS = frozenset(dir(builtins))
 
 
-# calls that a library module makes at its import too, in a `try` / `if` (a warning of a missing optional package)
-_QUIET_ROOTS = ("warnings", "logging", "logger", "log", "sys", "os", "print")
+def _script_kind(module: cst.Module, tree: ast.AST | None = None) -> tuple[str, int]:
+    """("script" | "library" | "unsure", the line of the first call that left it unsure).
+
+    A script: an `if __name__ == "__main__":` block, a module-level loop or `with`, or module-level code (also
+    inside a module-level `if` / `try`, not in its `except` handlers) that calls a function of this file, an entry
+    point (`main()`, `result = main()`, `out = run()`: rv32f item 3, rv32g item 3) or an XLA / torch.distributed
+    API (`s = xm.all_reduce(...)`). Calls into torch or the standard library (registration, configuration:
+    `torch.serialization.add_safe_globals([...])`, `warnings.warn(...)`) are a library's too (rv32g item 4).
+    Unsure: a call as a statement into anything else, with no sign of a script. A library's helpers start the
+    group at their first collective: started at its import, it would collide with the importing script's own
+    `init_process_group`."""
+    if tree is None:
+        try:
+            tree = ast.parse(module.code)
+        except SyntaxError:
+            return "library", 0
+    body = getattr(tree, "body", [])
+    own = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    imported = _module_imports(body)
+    unsure = 0
+    for stmt in body:
+        if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)):
+            return "script", 0
+        if isinstance(stmt, ast.If) and "__main__" in ast.unparse(stmt.test):
+            return "script", 0
+        for kind, line in _module_calls(stmt, own, imported):
+            if kind == "sign":
+                return "script", 0
+            unsure = unsure or line
+    return ("unsure", unsure) if unsure else ("library", 0)
 
 
-def _calls_inside(stmt: cst.CSTNode) -> bool:
-    """A call as a statement in the blocks of a module-level compound statement, not in its `except` handlers
-    (`except ImportError: warnings.warn(...)` is a library's too), nor in a function or class defined there."""
-    found: list[bool] = []
+def _module_imports(body: Sequence[ast.stmt]) -> dict[str, str]:
+    """The module-level names imports bind (also inside a module-level `try` / `if`): name -> qualified name."""
+    out: dict[str, str] = {}
+    for stmt in body:
+        for node in ast.walk(stmt) if isinstance(stmt, (ast.Try, ast.If)) else (stmt,):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for a in node.names:
+                    out[a.asname or a.name] = f"{node.module}.{a.name}"
+    return out
 
-    class _V(cst.CSTVisitor):
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.ExceptHandler, cst.ExceptStarHandler,
-                                 cst.BaseExpression)):
-                return False
-            if isinstance(node, cst.Expr) and isinstance(node.value, cst.Call):
-                root = (dotted(node.value.func) or "").split(".")[0]
-                if root not in _QUIET_ROOTS:
-                    found.append(True)
-                return False
-            return True
 
-    stmt.visit(_V())
-    return bool(found)
+def _module_calls(stmt: ast.stmt, own: set[str], imported: dict[str, str]) -> list[tuple[str, int]]:
+    """("sign" | "other", line) for the calls that module-level code makes in `stmt`: its own blocks, not its
+    `except` handlers, nor functions or classes defined there. "other": a call as a statement into something
+    unknown; quiet calls and unknown calls whose value is assigned are left out."""
+    out: list[tuple[str, int]] = []
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)):
+        return out
+    if isinstance(stmt, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        value = stmt.value
+        if value is None:
+            return out
+        for node in ast.walk(value):
+            if isinstance(node, ast.Call):
+                kind = _call_kind(node, own, imported)
+                if kind == "sign" or (kind == "other" and isinstance(stmt, ast.Expr) and node is value):
+                    out.append((kind, node.lineno))
+        return out
+    blocks = [getattr(stmt, name, []) for name in ("body", "orelse", "finalbody")]
+    for block in blocks:
+        for inner in block if isinstance(block, list) else []:
+            out += _module_calls(inner, own, imported)
+    return out
+
+
+def _call_kind(call: ast.Call, own: set[str], imported: dict[str, str]) -> str:
+    """"sign": a function of this file, an entry point, an XLA / torch.distributed API (not an `is_*` test);
+    "quiet": torch or the standard library (configuration, registration); "other": anything else."""
+    parts: list[str] = []
+    func: ast.expr = call.func
+    while isinstance(func, ast.Attribute):
+        parts.insert(0, func.attr)
+        func = func.value
+    if not isinstance(func, ast.Name):  # `torch.ones(2).to("xla")`: by its last name
+        return "sign" if parts and _ENTRY.fullmatch(parts[-1]) else "other"
+    root, last = func.id, (parts or [func.id])[-1]
+    if not parts and root in own:
+        return "sign"
+    if _ENTRY.fullmatch(last):
+        return "sign"
+    qualname = ".".join([imported.get(root, root), *parts])
+    if (in_family(qualname) or qualname.startswith("torch.distributed.")) and not last.startswith("is_"):
+        return "sign"
+    if root in _QUIET_ROOTS or qualname.split(".")[0] == "torch" or (root in _BUILTINS and root not in imported):
+        return "quiet"
+    return "other"
 
 
 def _rebinds_os(tree: ast.AST | None, module: cst.Module) -> bool:
@@ -1114,6 +1182,20 @@ def _start_group_first(module: cst.Module, calls: Sequence[str]) -> cst.Module:
 # what a module's leading settings may call: the environment and the import path
 _SETTING_CALLS = ("os.environ.", "os.putenv", "sys.path.")
 _ANY_CALL = cst_matchers.Call()
+
+
+def _todo_after_helpers(module: cst.Module, rule: flagmod.FlagRule) -> cst.Module:
+    """The TODO on the first module-level statement after the inlined helpers: where `neuron_init_group()` goes
+    in a script."""
+    body = list(module.body)
+    helpers = [i for i, s in enumerate(body) if isinstance(s, (cst.FunctionDef, cst.ClassDef))
+               and s.name.value in helpermod.HELPERS]
+    at = helpers[-1] + 1 if helpers else _header_end(body)
+    at = _settings_end(body, at)
+    if at >= len(body):
+        return module
+    body[at] = _with_todos(body[at], [rule])
+    return module.with_changes(body=body)
 
 
 def _settings_end(body: Sequence[Stmt], at: int) -> int:

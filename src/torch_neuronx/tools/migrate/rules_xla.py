@@ -629,6 +629,18 @@ def _xla_names(ctx: Ctx, module: cst.Module) -> None:
                 and re.fullmatch(r"xla(:\d+)?", node.value.value)):
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
     ctx.state["xla_names"] = names
+    ctx.state["xla_literal"] = any(isinstance(n, ast.Constant) and n.value == "xla" for n in ast.walk(tree))
+    destroys = [n.lineno for n in ast.walk(tree) if _is_destroy(n)]
+    ctx.state["first_destroy"] = min(destroys) if destroys else None
+    ctx.state["destroy_loops"] = [(n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree) if isinstance(
+        n, (ast.For, ast.AsyncFor, ast.While)) and any(_is_destroy(c) for c in ast.walk(n))]
+
+
+def _is_destroy(node: ast.AST) -> bool:
+    """A `destroy_process_group(...)` call (`dist.destroy_process_group()`, imported by name)."""
+    return isinstance(node, ast.Call) and (
+        (isinstance(node.func, ast.Attribute) and node.func.attr == "destroy_process_group")
+        or (isinstance(node.func, ast.Name) and node.func.id == "destroy_process_group"))
 
 
 RULES.prepare.append(_xla_names)
@@ -666,12 +678,20 @@ def _native_call(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None
     changed = False
     args = list(updated.args)
     if qn in _PG_CALLS:
+        if qn != "torch.distributed.new_group" and _backend_not_literal(ctx, args):
+            ctx.flag(flagmod.BACKEND_VAR, ctx.code(original).strip())
+            return None
+        if qn != "torch.distributed.new_group" and _positional_init_method(args) is not None:
+            at = _positional_init_method(args)
+            if any(a.keyword is None and not a.star for a in args[at + 1:]):  # options follow it by position
+                ctx.flag(flagmod.XLA_INIT_METHOD, ctx.code(original).strip())
+                return None
+            args[at] = args[at].with_changes(keyword=cst.Name("init_method"),
+                                             equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+        if qn != "torch.distributed.new_group" and _after_destroy(ctx) and ctx.target.backend != "gloo":
+            ctx.flag(flagmod.GROUP_REINIT, ctx.code(original).strip())
         for i, a in enumerate(args):
             if (a.keyword is None and i == 0) or (a.keyword is not None and a.keyword.value == "backend"):
-                if (isinstance(a.value, cst.Name) and a.value.value in ctx.state.get("xla_names", set())
-                        and "dev" not in a.value.value.lower()):  # `BACKEND = "xla"` is left as it is (rv32f 6)
-                    ctx.flag(flagmod.BACKEND_VAR, ctx.code(original).strip())
-                    return None
                 if isinstance(a.value, cst.SimpleString) and a.value.evaluated_value == "xla":
                     args[i] = a.with_changes(value=cst.SimpleString(f"{a.value.quote}{ctx.target.backend}"
                                                                     f"{a.value.quote}"))
@@ -689,8 +709,10 @@ def _native_call(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None
         args = keep
         if changed and qn != "torch.distributed.new_group":  # the script starts an XLA group: started first now
             ctx.state["xla_init"] = True
-        if xla_rendezvous and qn != "torch.distributed.new_group" and _only_native_backend(ctx, args):
-            return _world_of_one(ctx)
+        if xla_rendezvous and qn != "torch.distributed.new_group":
+            if _only_native_backend(ctx, args):
+                return _world_of_one(ctx)
+            ctx.flag(flagmod.XLA_INIT_METHOD, ctx.code(original).strip())  # dropped: alone it no longer starts
     else:
         core = _current_core(ctx, original, qn)
         if core is not None:
@@ -711,6 +733,44 @@ def _native_call(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None
     if not changed:
         return None
     return updated.with_changes(args=args)
+
+
+def _backend_not_literal(ctx: Ctx, args: list[cst.Arg]) -> bool:
+    """init_process_group's backend is not a literal (`args.backend` with an argparse default "xla", `"xla" if c
+    else "gloo"`, a variable assigned "xla", `**options`) in a file that names "xla" somewhere: it may be "xla" at
+    run time, which no native backend is (rv32f item 6, rv32g item 6); a name assigned a device string ("xla"
+    rewritten to "neuron", `device = "xla"`) is left as it is."""
+    if not ctx.state.get("xla_literal"):
+        return False
+    for i, a in enumerate(args):
+        if a.star == "**" or (a.star == "*" and i == 0):
+            return True
+        if (a.keyword is None and i == 0) or (a.keyword is not None and a.keyword.value == "backend"):
+            if isinstance(a.value, cst.SimpleString):
+                return False
+            name = a.value.value if isinstance(a.value, cst.Name) else ""
+            return not (name in ctx.state.get("xla_names", set()) and "dev" in name.lower())
+    return False
+
+
+def _positional_init_method(args: list[cst.Arg]) -> int | None:
+    """The index of an XLA init_method given by position: torch's signature is init_process_group(backend=None,
+    init_method=None, ...), so `init_process_group("xla", "xla://")` names it second (rv32g item 5)."""
+    if len(args) > 1 and args[0].keyword is None and not args[0].star and args[1].keyword is None and not args[1].star:
+        value = args[1].value
+        if isinstance(value, cst.SimpleString) and str(value.evaluated_value).startswith(("xla://", "pjrt://")):
+            return 1
+    return None
+
+
+def _after_destroy(ctx: Ctx) -> bool:
+    """This init_process_group comes after a destroy_process_group in the file, or in a loop that destroys the
+    group (rv32g item 7). By the line of the statement being migrated."""
+    first = ctx.state.get("first_destroy")
+    if first is None:
+        return False
+    line = int(ctx.line or 0)
+    return line > first or any(start <= line <= end for start, end in ctx.state.get("destroy_loops", []))
 
 
 def _only_native_backend(ctx: Ctx, args: list[cst.Arg]) -> bool:
