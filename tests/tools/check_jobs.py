@@ -94,8 +94,13 @@ def rewrite_input_job(device: str, out: str) -> None:
     """Reads good.pt and bad.pt (given as --checkpoint; they exist before the job), trains 2 steps from each and
     saves each back to the same path, as a job that continues its own checkpoint does. good.pt is correct; bad.pt's
     weights are scaled by 1.1 on neuron (the fault). The reference must start from the files' original content and
-    both runs' versions must be compared (rv29d)."""
-    for name in ("good", "bad"):
+    both runs' versions must be compared (rv29d). It also reads gone.pt and deletes it, as a job that consumes a
+    one-off input does: nothing to compare, said in words, no failure (rv29e defect 4). And it reads latest.pt, a
+    link to step.pt, and saves over the link atomically (a file written aside, then os.replace), as training
+    frameworks do: the reference must be given the link (rv29e defect 7)."""
+    torch.load(os.path.join(out, "gone.pt"))
+    os.remove(os.path.join(out, "gone.pt"))
+    for name in ("good", "bad", "latest"):
         model, batches = model_and_data(device)
         path = os.path.join(out, f"{name}.pt")
         model.load_state_dict(torch.load(path))
@@ -107,7 +112,8 @@ def rewrite_input_job(device: str, out: str) -> None:
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         if name == "bad" and device == "neuron":
             state = {k: v * 1.1 for k, v in state.items()}
-        torch.save(state, path)
+        torch.save(state, path + ".tmp")
+        os.replace(path + ".tmp", path)
 
 
 def symlink_dir_job(device: str, out: str) -> None:

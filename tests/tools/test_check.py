@@ -810,6 +810,32 @@ def test_files_a_killed_check_left_aside_are_put_back_by_the_next(tmp_path: Path
     assert json.loads((tmp_path / "check" / "outputs.json").read_text()) == [str(ckpt)]
 
 
+def test_what_a_check_killed_during_the_neuron_run_created_is_its_output(tmp_path: Path) -> None:
+    # rv29e defect 5: a check SIGKILLed while its neuron run ran left the file that run wrote (ckpt.pt) recorded
+    # nowhere; the next check with the same --out let its neuron run resume from it while the reference started
+    # fresh (a false FAIL). The killed check's listing of the job's folder before its runs (written by the
+    # checker's own record_listing, then never removed, as after SIGKILL) tells what its runs created: hidden from
+    # both runs as that check's output, and the correct job passes. The twin: the killed-reference case above.
+    import torch
+
+    from torch_neuronx.tools.check.run import JOB_LISTING, listing, record_listing
+
+    job_dir, out = tmp_path.resolve(), tmp_path / "check"
+    out.mkdir()
+    record_listing(out, job_dir, listing(job_dir, out.resolve()))
+    ckpt = tmp_path / "ckpt.pt"
+    shapes = {"0.weight": (16, 8), "0.bias": (16,), "2.weight": (4, 16), "2.bias": (4,)}
+    torch.save({k: torch.full(v, 3.0) for k, v in shapes.items()}, ckpt)  # what the killed neuron run wrote
+    doc = run_check(tmp_path, job(tmp_path, "resume"))
+    assert doc["layers"]["correctness"]["verdict"] == "pass", report.text(doc)
+    assert doc["hidden_previous_outputs"] == [str(ckpt)]
+    [note] = [e for e in doc["layers"]["correctness"]["evidence"] if e["check"] == "stranded_files"]
+    assert "killed while its job ran" in note["message"] and str(ckpt) in note["message"], note
+    assert not torch.equal(torch.load(ckpt)["2.bias"], torch.full((4,), 3.0))  # the neuron run's, from scratch
+    assert not (out / JOB_LISTING).exists()  # this check finished: nothing for the next one to undo
+    assert json.loads((out / "outputs.json").read_text()) == [str(ckpt)]
+
+
 @pytest.fixture(scope="module")
 def rewritten_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     """rewrite_input checked once: good.pt and bad.pt exist before the job, which reads and rewrites both."""
@@ -817,14 +843,19 @@ def rewritten_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, di
 
     tmp_path = tmp_path_factory.mktemp("rewrite_input")
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    for name in ("good", "bad"):
+    for name in ("good", "bad", "step"):
         torch.save({k: torch.full_like(v, 0.1) for k, v in model.state_dict().items()}, tmp_path / f"{name}.pt")
     return tmp_path, _check_rewritten(tmp_path)
 
 
 def _check_rewritten(tmp_path: Path) -> dict[str, Any]:
+    import torch
+
+    torch.save({"step": torch.zeros(1)}, tmp_path / "gone.pt")  # an input the job reads and deletes
+    (tmp_path / "latest.pt").unlink(missing_ok=True)
+    (tmp_path / "latest.pt").symlink_to("step.pt")  # replaced by the job: a link again for each check
     return run_check(tmp_path, job(tmp_path, "rewrite_input"),
-                     checkpoints=[str(tmp_path / "good.pt"), str(tmp_path / "bad.pt")])
+                     checkpoints=[str(tmp_path / name) for name in ("good.pt", "bad.pt", "gone.pt", "latest.pt")])
 
 
 def _assert_rewritten(tmp_path: Path, doc: dict[str, Any]) -> None:
@@ -835,8 +866,18 @@ def _assert_rewritten(tmp_path: Path, doc: dict[str, Any]) -> None:
     assert "matches the reference run's version" in _checkpoint(doc, "pass", "good.pt")["message"]  # the twin
     assert "differ from the reference's beyond tolerance" in _checkpoint(doc, "fail", "bad.pt")["message"]
     assert [e["check"] for e in evidence(doc, "correctness", "fail", "checkpoint")] == ["checkpoint"]
-    [note] = [e for e in doc["layers"]["correctness"]["evidence"] if e["check"] == "checkpoint_inputs"]
+    [read, note, gone] = [e for e in doc["layers"]["correctness"]["evidence"] if e["check"] == "checkpoint_inputs"]
     assert "both runs started from their content before the neuron run" in note["message"], note
+    # rv29e defect 7: latest.pt, a link the job replaced, was moved aside as its output (the reference found no
+    # latest.pt: a WARN); the reference is given the link, both versions compared; step.pt, its target, left alone
+    assert f"({tmp_path / 'step.pt'}) were read as its inputs" in read["message"], read
+    assert str(tmp_path / "latest.pt") in note["message"], note
+    assert "matches the reference run's version" in _checkpoint(doc, "pass", "latest.pt")["message"]
+    assert not (tmp_path / "latest.pt").is_symlink()  # the neuron run's file, left in place
+    # rv29e defect 4: the input the job deleted was a FAIL ("does not load on CPU") and listed as compared
+    assert "gone.pt" not in note["message"] and not [c for c in doc["checkpoints"] if c["path"].endswith("gone.pt")]
+    assert gone["verdict"] == "info" and f"which deleted them ({tmp_path / 'gone.pt'})" in gone["message"], gone
+    assert not (tmp_path / "gone.pt").exists()  # as the neuron run left it
     [theirs] = (tmp_path / "check" / "reference-files").rglob("bad.pt")
     left, ref = torch.load(tmp_path / "bad.pt"), torch.load(theirs)  # the neuron run's is left in place
     assert all(torch.allclose(left[k], ref[k] * 1.1, atol=1e-6) for k in ref), (left, ref)
@@ -1222,7 +1263,7 @@ def test_a_rank_aborted_in_cpp_is_blamed_from_torchruns_record(tmp_path: Path) -
              "  rank      : 1 (local_rank: 1)\n  exitcode  : -6 (pid: 4242)\n  error_file: <N/A>\n"
              "  traceback : Signal 6 (SIGABRT) received by PID 4242\n")
     side = Side("neuron", ["job"], returncode=1, ranks=read_run(events), agent_log=agent, exits=torchrun_exits(agent))
-    assert side.exits == {1: {"exitcode": -6, "time": "2026-12-04_09:30:09", "signal": "SIGABRT"}}
+    assert side.exits == {1: {"exitcode": -6, "time": "2026-12-04_09:30:09", "signal": "SIGABRT", "root_cause": True}}
     found = operations(side, Thresholds(), 60).evidence
     [e] = [x for x in found if x["check"] == "first_stop"]
     assert e["rank"] == 1 and "killed by SIGABRT" in e["message"] and "ranks [0] failed after it" in e["message"]

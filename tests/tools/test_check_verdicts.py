@@ -5,6 +5,7 @@ planted fault and its correct twin, and the refusals that must come before anyth
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +208,60 @@ def test_a_rank_that_finished_is_not_blamed_ahead_of_one_that_raised_in_its_own_
     [e] = _first_stop(_stopped("ok", 103.0), _stopped("error", 104.0, gloo))
     assert e["rank"] == 0 and "exited normally (code 0)" in e["message"] and "ranks [1] failed after it" in \
         e["message"]
+
+
+_TORCHRUN_SUMMARY = """train.py FAILED
+-------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-05_07:35:05
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 18355)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 18355
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-05_07:35:05
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -6 (pid: 18356)  (SIGABRT)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 18356
+======================================================="""
+
+
+def test_the_rank_torchrun_names_the_root_cause_is_blamed_not_the_one_it_terminated() -> None:
+    # rv29e defect 8: rank 1 aborted at teardown after its end event; torchrun named it the root cause and SIGTERMed
+    # rank 0, whose events stopped earlier: rank 0 was blamed ("stopped first ... SIGTERM"). torchrun's record wins
+    # (its summary, as recorded in the review's launcher.log). The twin: without a root-cause section, a SIGTERMed
+    # rank is still passed over for the other; with none SIGTERMed, the first to stop is blamed as before.
+    from torch_neuronx.tools.check.run import torchrun_exits
+
+    exits = torchrun_exits(_TORCHRUN_SUMMARY)
+    assert exits == {0: {"exitcode": -15, "time": "2026-12-05_07:35:05", "signal": "SIGTERM"},
+                     1: {"exitcode": -6, "time": "2026-12-05_07:35:05", "signal": "SIGABRT", "root_cause": True}}
+
+    def blamed(exits: dict[int, dict[str, Any]], *runs: Any) -> dict[str, Any]:
+        side = Side("neuron", ["job"], exits=exits)
+        side.ranks = dict(enumerate(runs or (_stopped("ok", 104.0), _stopped("ok", 104.5))))
+        layer = verdicts.Layer()
+        verdicts._first_stop(layer, side)
+        [e] = layer.evidence
+        return e
+
+    e = blamed(exits)
+    assert e["rank"] == 1 and "killed by SIGABRT after its last step, at exit" in e["message"], e
+    e = blamed({r: {k: v for k, v in x.items() if k != "root_cause"} for r, x in exits.items()})
+    assert e["rank"] == 1, e
+    e = blamed({0: {"exitcode": 1, "time": "t", "signal": None}, 1: {"exitcode": 1, "time": "t", "signal": None}})
+    assert e["rank"] == 0 and "stopped first at 4.0 s" in e["message"], e
+    # a rank that exited 0 early is no failure to torchrun (its root cause is the peer that then failed): still blamed
+    gloo = ("builtins.RuntimeError", "/usr/lib/python3.11/site-packages/torch/autograd/graph.py")
+    e = blamed({1: {"exitcode": 1, "time": "t", "signal": None, "root_cause": True}}, _stopped("ok", 103.0),
+               _stopped("error", 104.0, gloo))
+    assert e["rank"] == 0 and "exited normally (code 0)" in e["message"], e
 
 
 # ------------------------------------------------------------------ rv29.5: an interrupted check
@@ -661,3 +716,250 @@ def test_every_optimizer_gives_its_own_parameters_its_allowance(tmp_path: Any) -
     words = verdicts._allowance_words({"optimizer": {"optimizer": trained["optimizer"], "family": "mixed"}},
                                       {**by_family["adam"], "allowance": adam_bound})
     assert words.startswith("Adam: 3 steps at lr 0.01")
+
+
+# ------------------------------------------------------------------ rv29e: explicit neuron generators under the checker
+_GENERATORS = r'''
+import json, os
+os.environ.pop("TORCH_NEURONX_CHECK_DIR", None)
+import torch
+from torch_neuronx.tools.check import rng
+dev = torch.device("neuron")
+c = torch.full((2, 3), 4.0)
+def neuron_gen(seed):
+    return torch.Generator(device=dev).manual_seed(seed)
+def cpu_gen(seed):
+    return torch.Generator().manual_seed(seed)
+assert rng.install()
+out = {}
+# defect 1: the generator is positional in these schemas; each draw must be the CPU op's with a CPU generator
+# seeded alike (the reference), twice in a row (the second from where the first left the stream)
+ops = {"_standard_gamma": lambda x, g: torch._standard_gamma(x, generator=g),
+       "_sample_dirichlet": lambda x, g: torch._sample_dirichlet(x, generator=g),
+       "poisson": lambda x, g: torch.poisson(x, generator=g),
+       "binomial": lambda x, g: torch.binomial(x * 5, x / 8, generator=g),
+       "bernoulli": lambda x, g: torch.bernoulli(x / 8, generator=g)}  # the twin: generator= keyword-only
+for name, op in ops.items():
+    g, ref = neuron_gen(1), cpu_gen(1)
+    try:
+        got = [op(c.to(dev), g).cpu() for _ in range(2)]
+    except RuntimeError as e:
+        out[name] = str(e)[:200]
+        continue
+    out[name] = all(torch.equal(a, op(c, ref)) for a in got)
+# defect 2: two generators seeded alike draw the same numbers, each from its own stream, interleaved
+g1, g2, r1, r2 = neuron_gen(5), neuron_gen(5), cpu_gen(5), cpu_gen(5)
+same = [torch.equal(torch.randn(3, device=dev, generator=g).cpu(), torch.randn(3, generator=r))
+        for g, r in [(g1, r1), (g2, r2), (g1, r1), (g2, r2), (g2, r2)]]
+out["two generators"] = all(same)
+g3, r3 = neuron_gen(7), cpu_gen(7)  # the twin: one generator, drawn three times
+out["one generator"] = all(torch.equal(torch.rand(4, device=dev, generator=g3).cpu(), torch.rand(4, generator=r3))
+                           for _ in range(3))
+print(json.dumps(out))
+'''
+
+
+def test_explicit_neuron_generators_draw_as_the_reference_does(tmp_path: Path) -> None:
+    # rv29e defects 1 and 2, in a process of its own (the kernels are registered for the whole process): a generator
+    # passed by position (poisson, binomial, _standard_gamma, _sample_dirichlet) crashed the op ("Expected a 'cpu'
+    # device type for generator"); two generators with the same seed shared one CPU copy, so the second's next
+    # draw continued the first's stream (a false loss FAIL). The twins: a keyword-only generator, one generator.
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    r = subprocess.run([sys.executable, "-c", _GENERATORS], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = json.loads(r.stdout.strip().splitlines()[-1])
+    assert found == dict.fromkeys(["_standard_gamma", "_sample_dirichlet", "poisson", "binomial", "bernoulli",
+                                   "two generators", "one generator"], True), found
+
+
+def test_a_folder_of_legacy_torch_save_files_holds_checkpoints(tmp_path: Path) -> None:
+    # rv29e defect 3: files written by torch.save(..., _use_new_zipfile_serialization=False) (a pickle stream that
+    # opens with torch.serialization's MAGIC_NUMBER, not a zip archive) were not seen, so a --checkpoint folder of
+    # them "held no checkpoint" (a false FAIL). Both pickle protocols torch.save takes are recognised, and the file
+    # loads on CPU; the twins: a zip-format file beside them, and a plain pickle (not a checkpoint).
+    import pickle
+
+    import torch
+
+    from torch_neuronx.tools.check.run import checkpoint_targets, load_on_cpu
+
+    folder = tmp_path / "legacy"
+    folder.mkdir()
+    for protocol in (2, 4):
+        torch.save({"w": torch.ones(2)}, folder / f"p{protocol}.pt", _use_new_zipfile_serialization=False,
+                   pickle_protocol=protocol)
+    torch.save({"w": torch.ones(2)}, folder / "zip.pt")
+    (folder / "plain.pkl").write_bytes(pickle.dumps({"w": [1.0, 1.0]}, protocol=2))
+    targets = checkpoint_targets(folder)
+    assert targets == [(folder / name, "torch.save") for name in ("p2.pt", "p4.pt", "zip.pt")], targets
+    loaded = load_on_cpu([{"path": str(folder / "p2.pt"), "kind": "torch.save"}], None, time.monotonic() + 120)
+    assert loaded[str(folder / "p2.pt")]["ok"], loaded
+
+
+def test_input_notes_say_only_what_was_done(tmp_path: Path) -> None:
+    # rv29e defect 12: a --checkpoint folder that holds no checkpoint (a FAIL) was also said to be "read as its
+    # inputs: loaded on CPU". Defect 4: an input only the neuron run rewrote (the reference wrote no version: a WARN
+    # "not compared") was said to have had "both runs' versions compared". The twins: a file input the job only read,
+    # an input both runs rewrote.
+    from torch_neuronx.tools.check.run import Previous, _notes
+
+    def notes(*items: dict[str, Any]) -> list[str]:
+        doc: dict[str, Any] = {"verdict": "pass", "layers": {"correctness": {"verdict": "pass", "evidence": []}}}
+        _notes(doc, CheckConfig(command=["job.py"], out_dir=tmp_path / "o", cwd=tmp_path), list(items), [], [],
+               True, [], Previous(tmp_path / "o"))
+        return [e["message"] for e in doc["layers"]["correctness"]["evidence"] if e["check"] == "checkpoint_inputs"]
+
+    empty = {"path": str(tmp_path / "empty"), "kind": "folder", "input": True}
+    read = {"path": str(tmp_path / "init.pt"), "kind": "torch.save", "input": True}
+    assert notes(empty) == []
+    [said] = notes(empty, read)
+    assert "(" + read["path"] + ") were read as its inputs: loaded on CPU" in said and "empty" not in said, said
+    alone = {"path": str(tmp_path / "a.pt"), "kind": "torch.save", "input_rewritten": True}
+    both = {"path": str(tmp_path / "b.pt"), "kind": "torch.save", "input_rewritten": True,
+            "reference": str(tmp_path / "o" / "reference-files" / "0" / "b.pt")}
+    compared, not_compared = notes(alone, both)
+    assert f"again ({both['path']}): " in compared and "both runs' versions were compared" in compared, compared
+    assert f"again ({alone['path']}): " in not_compared and "compared" not in not_compared, not_compared
+
+
+def test_a_relative_checkpoint_is_the_jobs_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # rv29e defect 11: CheckConfig(cwd=JOB, checkpoints=["init.pt"]) resolved init.pt in the checker's own folder:
+    # the job's input was not seen (its rewrite not undone for the reference) and a file of that name there was
+    # loaded instead. It is the job's, as the job reads it; the twin: an absolute path stays what it is.
+    import torch
+
+    from torch_neuronx.tools.check.run import _input_states, find_checkpoints
+
+    job_dir, elsewhere = tmp_path / "job", tmp_path / "elsewhere"
+    for d in (job_dir, elsewhere):
+        d.mkdir()
+        torch.save({"w": torch.ones(1)}, d / "init.pt")
+    monkeypatch.chdir(elsewhere)
+    absolute = tmp_path / "abs.pt"
+    torch.save({"w": torch.ones(1)}, absolute)
+    cfg = CheckConfig(command=["job.py"], cwd=job_dir, checkpoints=["init.pt", str(absolute)], out_dir=tmp_path / "o")
+    expected = [str(job_dir / "init.pt"), str(absolute)]
+    assert [i["path"] for i in find_checkpoints(Side("neuron", ["job.py"]), cfg, time.time())] == expected
+    assert sorted(_input_states(cfg.checkpoint_paths())) == sorted(expected)
+    os.mkfifo(job_dir / "pipe.pt")  # refused where the job would read it, not looked for here
+    with pytest.raises(ValueError, match="--checkpoint pipe.pt: not a regular file or folder"):
+        CheckConfig(command=[str(JOBS)], cwd=job_dir, checkpoints=["pipe.pt"], out_dir=tmp_path / "o").validate()
+
+
+def test_a_rank_waiting_on_an_async_collective_is_not_stuck_in_its_own_code(tmp_path: Path) -> None:
+    # rv29e defect 10: rank 0 waits in `work.wait()` of all_reduce(async_op=True), rank 1 in barrier. Work.wait is a
+    # C++ method, so rank 0's innermost Python frame is the job's line: it was named "in the job's own code" (the
+    # cause) and rank 1 the one waiting for it. Both wait in collectives, different ones. The twins: a rank sleeping
+    # in the job's code, and one in os.wait(), are still in its own code.
+    import torch
+
+    from torch_neuronx.tools.check.results import RankRun
+
+    torch_dir = os.path.dirname(torch.__file__)
+    train = tmp_path / "train.py"
+    train.write_text("import time, os\nwork = dist.all_reduce(t, async_op=True)\nwork.wait()\ntime.sleep(600)\n"
+                     "os.wait()\n")
+
+    def at(line: int) -> str:
+        return f'Current thread 0x00007f00 (most recent call first):\n  File "{train}", line {line} in <module>\n'
+
+    barrier = (f'Current thread 0x00007f00 (most recent call first):\n'
+               f'  File "{torch_dir}/distributed/distributed_c10d.py", line 4811 in barrier\n'
+               f'  File "{train}", line 9 in <module>\n')
+
+    def hung(*stacks: str) -> dict[str, Any]:
+        ranks = {r: RankRun(rank=r, steps=[{"i": 0, "t": 1.0}], start={"pid": 10 + r}, stacks=text)
+                 for r, text in enumerate(stacks)}
+        return verdicts.operations(Side("neuron", ["train.py"], ranks=ranks, timed_out=True), verdicts.Thresholds(),
+                                   60.0).evidence[0]
+
+    first = hung(at(3), barrier)
+    assert not first.get("stuck") and first["message"].startswith(
+        "the ranks hung in different collectives (rank 0 in wait, rank 1 in barrier)"), first
+    for own in (4, 5):
+        first = hung(at(own), barrier)
+        assert (first["stuck"], first["waiting"]) == ([0], [1]), first
+        assert f"rank 0 in its own code at train.py:{own} in <module>" in first["message"], first
+
+
+def test_the_checkers_out_folder_is_never_the_jobs_checkpoint_folder(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # rv29e defect 9: `--checkpoint runs --out runs/check` copied runs (an input folder) into runs/check (itself):
+    # a RecursionError traceback. It is refused before anything runs. `--checkpoint . --out check_out` (the job's
+    # own folder, the twin, accepted): a second check counted the checker's kept copies under check_out as the job's
+    # checkpoints and inputs; its --out is never looked in.
+    import torch
+
+    from torch_neuronx.tools.check.run import _input_states, find_checkpoints
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+
+    def cfg(checkpoint: str, out: str) -> CheckConfig:
+        return CheckConfig(command=[str(JOBS)], cwd=tmp_path, checkpoints=[checkpoint], out_dir=Path(out))
+
+    for checkpoint, out in (("runs", "runs/check"), ("runs", "runs"), (str(tmp_path / "runs"), "runs/a/b")):
+        with pytest.raises(ValueError, match=f"--checkpoint {checkpoint}: it holds --out {out}, where the checker"):
+            cfg(checkpoint, out).validate()
+    cfg("runs", "check").validate()
+    here = cfg(".", "check_out")
+    here.validate()
+    torch.save({"w": torch.ones(1)}, tmp_path / "model.pt")
+    kept = tmp_path / "check_out" / "checkpoint-inputs" / "0"
+    kept.mkdir(parents=True)
+    torch.save({"w": torch.ones(1)}, kept / "model.pt")
+    expected = [str(tmp_path / "model.pt")]
+    assert [i["path"] for i in find_checkpoints(Side("neuron", ["job"]), here, time.time())] == expected
+    assert list(_input_states(here.checkpoint_paths(), here.out_dir.resolve())) == expected
+    assert _input_states([tmp_path / "runs"]) == {}  # a folder without a checkpoint is no input to keep a copy of
+
+
+def test_a_killed_checks_stash_beside_the_job_is_not_ignored_by_a_check_with_another_out(tmp_path: Path) -> None:
+    # rv29e defect 6: a check killed (SIGKILL) with --out on another filesystem leaves the job's files in a hidden
+    # .neuron-check-stash-* folder beside the job's; a check with a different --out ignored it and ran the job without
+    # them (a false FAIL). It refuses before running, naming the folder and the --out that puts them back. The twins:
+    # the stash of the same --out (put back by that check, not refused), another job's stash, an emptied stash.
+    import json
+
+    from torch_neuronx.tools.check.run import MARKER, STASH_ORIGIN, STASH_PREFIX, refuse_other_checks_stash
+
+    job_dir, other_job = tmp_path / "job", tmp_path / "other"
+    job_dir.mkdir()
+    other_job.mkdir()
+    out_a, out_b = (tmp_path / "a").resolve(), (tmp_path / "b").resolve()
+
+    def stash(name: str, job: Path, out: Path, kept: bool = True) -> Path:
+        d = tmp_path / f"{STASH_PREFIX}{name}"
+        (d / "neuron-files" / "0").mkdir(parents=True)
+        (d / MARKER).touch()
+        (d / STASH_ORIGIN).write_text(json.dumps({"out": str(out), "job": str(job)}))
+        if kept:
+            (d / "neuron-files" / "0" / "ck").mkdir()
+        return d
+
+    stash("x", other_job, out_a)
+    stash("y", job_dir, out_b, kept=False)
+    refuse_other_checks_stash(job_dir, out_b)
+    refuse_other_checks_stash(job_dir, out_a)
+    mine = stash("z", job_dir, out_a)
+    refuse_other_checks_stash(job_dir, out_a)  # its own --out puts them back (Aside.recover)
+    with pytest.raises(ValueError, match=f"with --out {out_a} was killed before it put the job's files back; they "
+                                         f"are in {mine}: run the check with --out {out_a} first"):
+        refuse_other_checks_stash(job_dir, out_b)
+    # the folder the checker makes says where it came from (when /dev/shm is another filesystem)
+    from torch_neuronx.tools.check.run import Aside
+
+    if os.path.isdir("/dev/shm") and os.stat("/dev/shm").st_dev != os.stat(tmp_path).st_dev:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+            aside = Aside(Path(shm) / "out" / "neuron-files", beside=job_dir)
+            aside.start()
+            (job_dir / "f").write_text("x")
+            assert aside.move(job_dir / "f", 0) and aside.stash is not None
+            assert json.loads((aside.stash / STASH_ORIGIN).read_text()) == {
+                "out": str((Path(shm) / "out").resolve()), "job": str(job_dir)}

@@ -106,11 +106,21 @@ class CheckConfig:
         if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
             raise ValueError(f"--out {out}: {existing} is not writable; give a folder you can write to")
         self._validate_out_place(out)
-        for extra in self.checkpoints:
-            p = Path(extra)
+        job_dir = Path(self.cwd or ".").resolve()
+        for extra, p in zip(self.checkpoints, self.checkpoint_paths(), strict=True):
+            folder = p.resolve()
+            if folder != job_dir and (folder == out.resolve() or folder in out.resolve().parents):
+                raise ValueError(f"--checkpoint {extra}: it holds --out {out}, where the checker keeps its own "
+                                 "files (copies of the job's inputs among them); give an --out outside it, e.g. "
+                                 "--out neuronx-check")
             if p.exists() and not (p.is_file() or p.is_dir()):  # a device may never end, a FIFO blocks
                 raise ValueError(f"--checkpoint {extra}: not a regular file or folder (a device or a pipe); give "
                                  "a checkpoint file or folder")
+
+    def checkpoint_paths(self) -> list[Path]:
+        """The --checkpoint paths, a relative one taken in the job's working folder (`cwd`), as the job reads it
+        (rv29e defect 11: CheckConfig(cwd=JOB, checkpoints=["init.pt"]) looked in the checker's own folder)."""
+        return [Path(self.cwd or ".") / extra for extra in self.checkpoints]
 
     def _validate_out_place(self, out: Path) -> None:
         """Refuse an --out the checker cannot make (a path thousands of folders deep) or one that holds the job's

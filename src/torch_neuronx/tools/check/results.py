@@ -9,7 +9,9 @@ the last compilation), step-time percentiles, throughput and peak memory.
 from __future__ import annotations
 
 import json
+import linecache
 import os
+import re
 import signal
 import sysconfig
 from dataclasses import dataclass, field
@@ -224,6 +226,27 @@ def main_thread_frames(dump: str) -> list[tuple[str, int, str]]:
     return next((t for t in threads if t[-1][2] == "<module>"), threads[0] if threads else [])
 
 
+_WORK_WAIT = re.compile(r"(?<!\bos)\.(_?wait)\s*\(")  # not os.wait()
+
+
+def _waiting_on_work(innermost: tuple[str, int, str], in_torch: bool) -> dict[str, str] | None:
+    """A rank waiting for an async collective's result (rv29e defect 10): `work.wait()` (torch.distributed's Work,
+    returned by ``all_reduce(..., async_op=True)``) is a C++ method, so the innermost Python frame is the job's line
+    that calls it; a torch.futures Future's ``wait`` is a torch frame of that name. None otherwise."""
+    path, line, func = innermost
+    where_ = f"{os.path.basename(path)}:{line}"
+    if in_torch:
+        if func in ("wait", "_wait") and f"{os.sep}futures{os.sep}" in path:
+            return {"kind": "collective", "call": "wait", "text": f"waiting in a collective's future ({where_} in "
+                    f"{func})"}
+        return None
+    source = linecache.getline(path, line)
+    if not _WORK_WAIT.search(source):
+        return None
+    return {"kind": "collective", "call": "wait", "text": f"waiting for an async collective (work.wait() at "
+            f"{where_} in {func}: {source.strip()[:80]})"}
+
+
 def where(run: RankRun) -> dict[str, str] | None:
     """Where a rank was when it was asked for its stacks: ``own`` (its innermost frame outside torch and the
     standard library: the job's own code, a sleep or a loop there), ``collective`` (inside torch.distributed, or in
@@ -246,6 +269,9 @@ def where(run: RankRun) -> dict[str, str] | None:
 
     inside = [f for f in frames if torch_frame(f[0])]
     own = next((f for f in frames if not library(f[0]) and not torch_frame(f[0])), None)
+    waited = _waiting_on_work(frames[0], torch_frame(frames[0][0]))
+    if waited is not None:
+        return waited
     if not inside:
         return {"kind": "own", "text": f"in its own code at {shown(own or frames[0])}"}
     caller = next((f for f in frames[frames.index(inside[0]):] if not torch_frame(f[0]) and not library(f[0])),

@@ -11,8 +11,9 @@ strides, drawing from ``torch.default_generator`` as the reference's op does, an
 device.
 
 An explicit neuron ``generator=`` draws through a CPU generator seeded as it was (the reference passes its
-own CPU generator, seeded alike), and its offset advances as the device's kernels advance it. What cannot
-follow the reference is counted per step as ``rng_unaligned`` and named in the evidence when losses
+own CPU generator, seeded alike), one per generator object, and its offset advances as the device's kernels
+advance it; ops whose schema takes the generator by position (poisson, binomial, ...) are given it the same way.
+What cannot follow the reference is counted per step as ``rng_unaligned`` and named in the evidence when losses
 differ: a generator set to a saved state at an offset, DTensor's RNG tracker (it places each shard at its
 own offset of the device stream). Random ops inside ``torch.compile``d graphs reach these kernels too: the
 probe sets Inductor's ``fallback_random`` in both runs, so compiled graphs call the eager ops. Only processes
@@ -81,33 +82,55 @@ def _cpu(value: Any) -> Any:
     return value.to("cpu") if isinstance(value, torch.Tensor) and value.device.type == "neuron" else value
 
 
-# (seed, offset) of a neuron generator -> the CPU generator standing at that point of the stream: a neuron
-# generator's numbers are those of the CPU engine seeded alike, so every generator at one point draws the same.
-_shadows: dict[tuple[int, int], torch.Generator] = {}
+# a neuron generator -> its CPU generator and the (seed, offset) the neuron one stood at after their last draw: a
+# neuron generator's numbers are those of the CPU engine seeded alike. Keyed by the generator object (rv29e defect 2:
+# keyed by (seed, offset), two generators seeded alike shared one CPU copy, and the second drew the first's next
+# numbers). The object a kernel receives is the Python wrapper PyTorch makes for the C++ generator
+# (torch/csrc/Generator.cpp, THPGenerator_Wrap), a new one unless one is alive: kept here, it is the one every later
+# call receives, so it identifies the generator. At most SHADOWS_KEPT are kept (the oldest dropped: its next draw is
+# then counted as not aligned, never silently wrong).
+SHADOWS_KEPT = 1024
+_shadows: dict[int, tuple[torch.Generator, torch.Generator, tuple[int, int]]] = {}
 
 
 def _shadow(gen: torch.Generator) -> tuple[torch.Generator, bool]:
     """The CPU generator for a neuron generator's next draws, and whether its numbers are exactly the device's
     (a state restored at an offset is reached on the device by a walk this cannot repeat)."""
-    key = (gen.initial_seed(), gen.get_offset())
-    cpu = _shadows.pop(key, None)
-    if cpu is not None:
-        return cpu, True
+    point = (gen.initial_seed(), gen.get_offset())
+    with _lock:
+        kept = _shadows.get(id(gen))
+    if kept is not None and kept[0] is gen and kept[2] == point:  # where this generator's last draw left it
+        return kept[1], True
     cpu = torch.Generator()
-    cpu.manual_seed(key[0])
-    return cpu, key[1] == 0
+    cpu.manual_seed(point[0])  # seeded again (manual_seed) or set to another state since: start over
+    return cpu, point[1] == 0
 
 
 def _advance(gen: torch.Generator, cpu: torch.Generator, drawn: int) -> None:
     """Move the neuron generator on as its own kernels would, and remember where its shadow stands."""
     offset = gen.get_offset() + (drawn + 3) // 4 * 4
     gen.set_offset(offset)
-    if len(_shadows) > 64:
-        _shadows.clear()
-    _shadows[(gen.initial_seed(), offset)] = cpu
+    with _lock:
+        _shadows.pop(id(gen), None)
+        while len(_shadows) >= SHADOWS_KEPT:
+            _shadows.pop(next(iter(_shadows)))
+        _shadows[id(gen)] = (gen, cpu, (gen.initial_seed(), offset))
 
 
 Pair = tuple[torch.Generator, torch.Generator]  # a neuron generator and the CPU generator it draws through
+
+
+def _positional_generator(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...],
+                                                                                            dict[str, Any]]:
+    """`args` and `kwargs` with a generator passed by position moved to ``generator=``: in the schemas of poisson,
+    binomial, _standard_gamma and _sample_dirichlet it is positional (``poisson(Tensor self, Generator?
+    generator=None)``, aten/src/ATen/native/native_functions.yaml), so the dispatcher passes it in `args`
+    (rv29e defect 1: it reached the CPU op unchanged, "Expected a 'cpu' device type for generator")."""
+    names = [a.name for a in op._schema.arguments if not a.kwarg_only]
+    if "generator" not in names or len(args) <= names.index("generator"):
+        return args, kwargs
+    i = names.index("generator")
+    return args[:i] + args[i + 1:], {**kwargs, "generator": args[i]}
 
 
 def _generator(name: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Pair | None]:
@@ -141,6 +164,7 @@ def _inplace(name: str, op: Any) -> Callable[..., Any]:
 
 def _functional(name: str, op: Any) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> torch.Tensor:
+        args, kwargs = _positional_generator(op, args, kwargs)
         kwargs, gen = _generator(name, kwargs)
         device = next(a.device for a in args if isinstance(a, torch.Tensor))
         out = op(*(_cpu(a) for a in args), **kwargs)

@@ -180,12 +180,18 @@ _FAILURE = re.compile(r"time\s*:\s*(?P<time>[^\n]+)\n\s*host\s*:[^\n]*\n\s*rank\
 
 
 def torchrun_exits(agent_log: str) -> dict[int, dict[str, Any]]:
-    """Rank -> how torchrun saw it fail (its summary table: time, exit code, signal), from the agent's log."""
+    """Rank -> how torchrun saw it fail (its summary table: time, exit code, signal), from the agent's log. The rank
+    its "Root Cause (first observed failure)" section names is marked ``root_cause``: torchrun SIGTERMs the others
+    once one fails (torch/distributed/elastic/multiprocessing/errors/__init__.py, ChildFailedError.format_msg)."""
     out: dict[int, dict[str, Any]] = {}
+    root_at = agent_log.rfind("Root Cause (first observed failure)")
     for m in _FAILURE.finditer(agent_log):
         code = int(m["code"])
-        out[int(m["rank"])] = {"exitcode": code, "time": m["time"].strip(),
-                               "signal": processes.signal_name(-code) if code < 0 else None}
+        rank = int(m["rank"])
+        out[rank] = {"exitcode": code, "time": m["time"].strip(),
+                     "signal": processes.signal_name(-code) if code < 0 else None}
+        if root_at >= 0 and m.start() > root_at and not any(e.get("root_cause") for e in out.values()):
+            out[rank]["root_cause"] = True
     return out
 
 
@@ -281,25 +287,26 @@ def find_checkpoints(side: Side, cfg: CheckConfig, since: float) -> list[dict[st
         if hf_dir is not None:
             wanted.setdefault(str(hf_dir), {"path": str(hf_dir), "kind": "hf"})
         wanted.setdefault(str(f), {"path": str(f), "kind": kind})
-    for extra in cfg.checkpoints:
-        for p, kind in checkpoint_targets(Path(extra).resolve()):
+    for extra in cfg.checkpoint_paths():
+        for p, kind in checkpoint_targets(as_given(extra), skip=cfg.out_dir.resolve()):
             wanted.setdefault(str(p), {"path": str(p), "kind": kind})
     _when_saved(side, list(wanted.values()))
     return list(wanted.values())
 
 
-def checkpoint_targets(p: Path) -> list[tuple[Path, str]]:
+def checkpoint_targets(p: Path, skip: Path | None = None) -> list[tuple[Path, str]]:
     """What a --checkpoint path stands for, with the kind of each: a save_pretrained folder ("hf") or a
     torch.distributed.checkpoint folder ("dcp"), whole; another folder, every torch.save archive and safetensors
     file in it (4 folders deep), each loaded and compared on its own, or the folder itself as "folder" when it
     holds none (rv29d: a folder of .pt files was loaded as one file, IsADirectoryError); a file (or a missing
-    path) by its name."""
+    path) by its name. The folder `skip` (the checker's --out) is never looked in (rv29e defect 9: `--checkpoint .`
+    counted the checker's own kept copies as the job's checkpoints)."""
     if _hf_dir(p / "config.json"):
         return [(p, "hf")]
     if _dcp_dir(p / ".metadata"):
         return [(p, "dcp")]
     if p.is_dir():
-        found = sorted(_newer_files(p, since=0.0))
+        found = sorted(_newer_files(p, since=0.0, skip=skip))
         return [(f.resolve(), kind) for f, kind in found if kind != "dcp"] + sorted(
             {(f.parent.resolve(), "dcp") for f, kind in found if kind == "dcp"}) or [(p, "folder")]
     return [(p, "safetensors" if p.suffix == ".safetensors" else "torch.save")]
@@ -427,21 +434,37 @@ def _checkpoint_kind(f: Path) -> str | None:
         return "safetensors"
     try:
         with open(f, "rb") as fh:
-            if fh.read(4) != b"PK\x03\x04":
-                return None
+            head = fh.read(32)
+        if _legacy_torch_save(head):
+            return "torch.save"
+        if head[:4] != b"PK\x03\x04":
+            return None
         with zipfile.ZipFile(f) as z:
             return "torch.save" if any(n.endswith("/data.pkl") or n == "data.pkl" for n in z.namelist()) else None
     except (OSError, ValueError, zipfile.BadZipFile):
         return None
 
 
-def _newer_files(root: Path, since: float, max_depth: int = 4, max_entries: int = 20000) -> list[tuple[Path, str]]:
+# torch.save's legacy format (_use_new_zipfile_serialization=False) opens with a pickled magic number
+# (torch/serialization.py: MAGIC_NUMBER, written first by _legacy_save): a pickle protocol mark, then the number as a
+# LONG1 opcode of 10 bytes (rv29e defect 3: a folder of such files "held no checkpoint").
+_LEGACY_MAGIC = b"\x8a\n" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
+
+
+def _legacy_torch_save(head: bytes) -> bool:
+    """Whether a file's first bytes are those of a legacy-format torch.save file (any pickle protocol >= 2)."""
+    return head[:1] == b"\x80" and _LEGACY_MAGIC in head[:24]  # protocol 4 puts a 9-byte frame first
+
+
+def _newer_files(root: Path, since: float, max_depth: int = 4, max_entries: int = 20000,
+                 skip: Path | None = None) -> list[tuple[Path, str]]:
     """Checkpoint files (safetensors, torch.save archives) under `root` written since `since`, with their kind
-    (a bounded walk: the job's cwd may be a home)."""
+    (a bounded walk: the job's cwd may be a home), the folder `skip` left out."""
     found, seen = [], 0
     for dirpath, dirnames, filenames in os.walk(root):
         depth = len(Path(dirpath).relative_to(root).parts)
-        dirnames[:] = [] if depth >= max_depth else [d for d in dirnames if not d.startswith(".")]
+        dirnames[:] = [] if depth >= max_depth else [d for d in dirnames if not d.startswith(".")
+                                                     and Path(dirpath, d) != skip]
         seen += len(filenames)
         if seen > max_entries:
             break
@@ -490,6 +513,7 @@ def load_on_cpu(items: list[dict[str, Any]], probe_ids: list[int] | None, deadli
 
 STASH_COPY_LIMIT = 4 << 30  # bytes: what the checker copies to move a file aside across filesystems, at most
 STASH_PREFIX = ".neuron-check-stash-"  # a hidden folder beside the job's folder, on its filesystem (rv29d)
+STASH_ORIGIN = "origin.json"  # in it: the --out and the job's folder of the check that made it (rv29e defect 6)
 
 
 def _size_within(path: Path, limit: int) -> bool:
@@ -604,6 +628,7 @@ class Aside:
             try:
                 made = Path(tempfile.mkdtemp(prefix=STASH_PREFIX, dir=base))
                 (made / MARKER).touch()
+                (made / STASH_ORIGIN).write_text(json.dumps({"out": str(self.root.parent), "job": str(self.beside)}))
             except OSError:
                 return here
             self.stash = made
@@ -702,7 +727,9 @@ class Stash(Aside):
     def plant(self, original: Path, copy: Path) -> None:
         """Put `copy` (an input's content before the neuron run) at `original` for the reference to read."""
         original.parent.mkdir(parents=True, exist_ok=True)
-        if copy.is_dir():
+        if copy.is_symlink():
+            os.symlink(os.readlink(copy), original)
+        elif copy.is_dir():
             shutil.copytree(copy, original, symlinks=True)
         else:
             shutil.copy2(copy, original)
@@ -747,7 +774,12 @@ class Originals:
         (self.root / MARKER).touch()
         for i, path in enumerate(paths):
             p, copy = Path(path), self.root / str(i) / Path(path).name
-            if p.is_symlink() or not _size_within(p, STASH_COPY_LIMIT):
+            if p.is_symlink():  # kept as the link (its target is an input of its own when it is a file)
+                copy.parent.mkdir(parents=True)
+                os.symlink(os.readlink(p), copy)
+                self.copies[path] = copy
+                continue
+            if not _size_within(p, STASH_COPY_LIMIT):
                 self.too_large.append(path)
                 continue
             try:
@@ -788,11 +820,14 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
     command, reference = job_commands(cfg)
     job_dir = Path(cfg.cwd or ".").resolve()
     recovered = recover_stranded(cfg.out_dir)  # a check killed (SIGKILL) before it put the job's files back
+    refuse_other_checks_stash(job_dir, cfg.out_dir)
+    killed_created = killed_check_outputs(cfg.out_dir, job_dir)  # what a check killed while its job ran created
     previous = Previous(cfg.out_dir, beside=job_dir)
     # Both runs start from the same state: neither sees what the last check's job wrote, nor what a killed check's
     # job wrote (put back just now: that check's outputs, as if it had finished, rv29d), its inputs excepted.
-    previous.hide([p for p, is_input in recovered if not is_input])
-    inputs = _input_states(cfg.checkpoints)  # --checkpoint paths that exist before the job runs: its inputs
+    previous.hide([*(p for p, is_input in recovered if not is_input), *killed_created])
+    # --checkpoint paths that exist before the job runs: its inputs
+    inputs = _input_states(cfg.checkpoint_paths(), cfg.out_dir.resolve())
     originals = Originals(cfg.out_dir)
     before = listing(job_dir, cfg.out_dir.resolve())
     created: list[str] = []
@@ -801,31 +836,41 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
     ref: Side | None = None
     items: list[dict[str, Any]] = []
     not_hidden: list[str] = []
+    deleted: list[str] = []
     skipped = None
     try:
         originals.keep(sorted(inputs))  # their content before the job runs, for the reference if the job rewrites
+        record_listing(cfg.out_dir, job_dir, before)  # read by the next check if this one is killed (SIGKILL)
         with processes.guarded():
             neuron = run_side("neuron", launcher_argv(command, cfg.nproc_per_node, (cfg.out_dir / "neuron-logs")),
                               cfg, deadline)
             items = find_checkpoints(neuron, cfg, started)
+            listed_items = {i["path"] for i in items}
+            items += [{"path": p, "kind": kind} for p in inputs if p not in listed_items and os.path.isfile(p)
+                      and (kind := _checkpoint_kind(Path(p))) in ("torch.save", "safetensors")]  # a link's target
             created = created_paths(before, listing(job_dir, cfg.out_dir.resolve()))
             for item in items:
                 if item["path"] in inputs and _state(Path(item["path"])) == inputs[item["path"]]:
                     item["input"] = True  # loaded on CPU; never moved, never recorded as the job's output
                 elif item["path"] in inputs:
                     item["input_rewritten"] = True  # read and written again: both runs start from the original
+                    if not os.path.lexists(item["path"]):  # read and deleted (rv29e defect 4): nothing to load
+                        item["input_deleted"] = True
             if reference is None:
                 skipped = "no reference"
             elif neuron.timed_out:
                 skipped = "the job timed out"
             else:
                 ref, not_hidden = _reference(cfg, reference, neuron, items, created, originals, deadline)
+            deleted = [i["path"] for i in items if i.get("input_deleted")]
+            items = [i for i in items if not i.get("input_deleted")]  # said in words (_notes), compared with nothing
             loaded = load_on_cpu(items, verdicts.PROBE_IDS, deadline, cfg.thresholds)
             for item in items:
                 item["loaded"] = loaded.get(item["path"], {"ok": False, "error": "not loaded"})
     except processes.Interrupted as e:
         previous.restore()
         originals.drop()
+        record_listing(cfg.out_dir, job_dir, None)
         side = getattr(e, "side", None)
         if neuron is None:
             neuron = side if side is not None else Side("neuron", command, interrupted=processes.signal_name(e.signum))
@@ -841,15 +886,26 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
     except BaseException:
         previous.restore()
         originals.drop()
+        record_listing(cfg.out_dir, job_dir, None)
         raise
     previous.restore()
     originals.drop()
+    record_listing(cfg.out_dir, job_dir, None)
     previous.record([p for p in [*_outputs(items, cfg), *created] if p not in inputs])
     doc = verdicts.judge(cfg, neuron, ref, items, reference_skipped=skipped)
     doc["hidden_previous_outputs"] = [str(p) for p in previous.hidden]
     listed = before is not None
     _notes(doc, cfg, items, created if ref is not None else [], not_hidden, listed or ref is None, recovered,
            previous)
+    killed_only = [p for p in killed_created if p not in {q for q, _ in recovered}]
+    if killed_only:
+        _add(doc, "info", "stranded_files", "a previous check with this --out was killed while its job ran; what its "
+             f"runs created in the job's folder ({_shown(killed_only)}) is that check's output: hidden from both runs "
+             "as if it had finished, then put back where the job did not write it again")
+    if deleted:
+        _add(doc, "info", "checkpoint_inputs", f"--checkpoint paths that existed before the job, which deleted them "
+             f"({_shown(deleted)}): read as its inputs (the reference was given their content before the neuron "
+             "run at the same path), not loaded or compared: the neuron run left no version of them")
     return doc
 
 
@@ -925,18 +981,22 @@ def _notes(doc: dict[str, Any], cfg: CheckConfig, items: list[dict[str, Any]], c
         _add(doc, "info", "created_files", f"the job's folder {Path(cfg.cwd or '.').resolve()} holds over "
              f"{LISTING_LIMIT} entries: only the checkpoints the job wrote were moved aside while the reference ran; "
              "other files the neuron run created there were not (docs/check.md)")
-    inputs_seen = [i["path"] for i in items if i.get("input")]
+    inputs_seen = [i["path"] for i in items if i.get("input") and i["kind"] != "folder"]  # not a folder without one
     if inputs_seen:
         _add(doc, "info", "checkpoint_inputs", "--checkpoint paths that existed before the job and that it did not "
              f"change ({_shown(inputs_seen)}) were read as its inputs: loaded on CPU, left in place for both runs, "
              "not recorded as its outputs")
-    rewritten = [i["path"] for i in items if i.get("input_rewritten") and not i.get("input_not_kept")
-                 and not i.get("not_hidden")]
-    if rewritten:
-        _add(doc, "info", "checkpoint_inputs", f"--checkpoint paths that existed before the job, which wrote them "
-             f"again ({_shown(rewritten)}): both runs started from their content before the neuron run (the "
-             "reference from a copy put back at the same path), both runs' versions were compared, the neuron "
-             "run's is left in place; not recorded as the job's outputs (the next check starts from them)")
+    rewritten = [i for i in items if i.get("input_rewritten") and not i.get("input_not_kept")
+                 and not i.get("not_hidden") and not i.get("input_deleted")]
+    for compared in (True, False):  # only those the reference wrote a version of were compared (rv29e defect 4)
+        paths = [i["path"] for i in rewritten if bool(i.get("reference")) == compared]
+        if paths:
+            _add(doc, "info", "checkpoint_inputs", f"--checkpoint paths that existed before the job, which wrote "
+                 f"them again ({_shown(paths)}): both runs started from their content before the neuron run (the "
+                 "reference from a copy put back at the same path), " + ("both runs' versions were compared, " if
+                                                                         compared else "") +
+                 "the neuron run's is left in place; not recorded as the job's outputs (the next check starts from "
+                 "them)")
     hidden = [str(p) for p in previous.hidden if str(p) not in put_back]
     if hidden:
         _add(doc, "info", "previous_outputs", f"the files the previous check's job wrote ({_shown(hidden)}) were "
@@ -961,6 +1021,48 @@ def recover_stranded(out_dir: Path) -> list[tuple[str, bool]]:
               f"{_shown([p for p, _ in put_back])}; its outputs are hidden from both runs, as if it had finished",
               file=sys.stderr)
     return put_back
+
+
+JOB_LISTING = "job-listing.json"  # <out>/job-listing.json: the job's folder before the runs of a check in progress
+
+
+def record_listing(out_dir: Path, job_dir: Path, before: set[str] | None) -> None:
+    """Write what the job's folder held before this check's runs (`before`), or remove it (None) once the check has
+    put everything back: a check killed (SIGKILL) while its job runs leaves it, and the next check with this --out
+    tells that check's outputs by it (rv29e defect 5: a file a killed neuron run wrote was recorded nowhere, and the
+    next neuron run resumed from it while the reference started fresh)."""
+    path = out_dir / JOB_LISTING
+    if before is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_text(json.dumps({"job": str(job_dir), "paths": sorted(before)}))
+
+
+def killed_check_outputs(out_dir: Path, job_dir: Path) -> list[str]:
+    """What a check with this --out that was killed while its runs ran created in the job's folder (the topmost
+    new files and folders since its recorded listing); nothing when no such check left a listing of this folder."""
+    try:
+        recorded = json.loads((out_dir / JOB_LISTING).read_text())
+        before = {str(p) for p in recorded["paths"]} if recorded["job"] == str(job_dir) else None
+    except (OSError, ValueError, TypeError, KeyError):
+        return []
+    return created_paths(before, listing(job_dir, out_dir.resolve()))
+
+
+def refuse_other_checks_stash(job_dir: Path, out_dir: Path) -> None:
+    """Refuse to run while a check with another --out, killed before it put the job's files back, keeps them in a
+    hidden folder beside the job's (:class:`Aside`): the job would run without them (rv29e defect 6). Its --out puts
+    them back; the folder says which (origin.json)."""
+    for stash in sorted(job_dir.parent.glob(STASH_PREFIX + "*")):
+        try:
+            origin = json.loads((stash / STASH_ORIGIN).read_text()) if (stash / MARKER).is_file() else None
+            kept = origin is not None and any(any(d.iterdir()) for d in stash.glob("*/*") if d.is_dir())
+        except (OSError, ValueError):
+            continue
+        if kept and origin.get("job") == str(job_dir) and Path(origin.get("out", "")) != out_dir.resolve():
+            raise ValueError(f"a check of this job with --out {origin['out']} was killed before it put the job's "
+                             f"files back; they are in {stash}: run the check with --out {origin['out']} first, "
+                             "which puts them back (or move them back yourself and remove that folder)")
 
 
 LISTING_LIMIT = 20000  # entries of the job's folder listed, at most (it may be a home)
@@ -994,10 +1096,24 @@ def created_paths(before: set[str] | None, after: set[str] | None) -> list[str]:
     return sorted(p for p in new if not any(str(parent) in new for parent in Path(p).parents))
 
 
+def as_given(p: Path) -> Path:
+    """A --checkpoint path, absolute, its folders resolved but a link to a file kept as the link (rv29e defect 7:
+    latest.pt -> step_5.pt was tracked as step_5.pt, so a job that replaced latest.pt had it moved aside as its
+    output and the reference found no latest.pt); anything else resolved."""
+    given = Path(os.path.abspath(p))
+    if given.is_symlink() and not given.is_dir():
+        return given.parent.resolve() / given.name
+    return given.resolve()
+
+
 def _state(p: Path) -> tuple[Any, ...] | None:
     """What identifies a path's content (None when it is missing): a file's device, inode, size and modification
-    time; a folder's, every file's under it (a file rewritten in place changes its folder's own times not at all)."""
+    time; a link's own (its inode and target: a link replaced by a file or another link is a new state); a folder's,
+    every file's under it (a file rewritten in place changes its folder's own times not at all)."""
     try:
+        if p.is_symlink():
+            st = p.lstat()
+            return ("link", st.st_dev, st.st_ino, os.readlink(p))
         st = p.stat()
     except OSError:
         return None
@@ -1016,11 +1132,16 @@ def _state(p: Path) -> tuple[Any, ...] | None:
     return (st.st_dev, st.st_ino, tuple(sorted(files)))
 
 
-def _input_states(paths: list[str]) -> dict[str, tuple[Any, ...]]:
+def _input_states(paths: list[Path], out: Path | None = None) -> dict[str, tuple[Any, ...]]:
     """--checkpoint paths that exist before the job runs (a plain folder: the checkpoint files in it), with what
     identifies their content (:func:`_state`): those the job leaves unchanged are its inputs (a pretrained file it
-    reads); those it changes, inputs it wrote again."""
-    states = {str(t): _state(t) for p in paths for t, _ in checkpoint_targets(Path(p).resolve())}
+    reads); those it changes, inputs it wrote again. A folder that holds no checkpoint is none (nothing in it to
+    keep for the reference; rv29e defect 9: it was copied whole, into itself when it held --out)."""
+    states = {str(t): _state(t) for p in paths for t, kind in checkpoint_targets(as_given(p), skip=out)
+              if kind != "folder"}
+    for p in paths:  # a link to a file: the file it points to is an input too (the job may write through the link)
+        if as_given(p).is_symlink() and p.resolve().is_file():
+            states.setdefault(str(p.resolve()), _state(p.resolve()))
     return {p: st for p, st in states.items() if st is not None}
 
 

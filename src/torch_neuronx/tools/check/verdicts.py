@@ -881,13 +881,22 @@ def _first_stop(layer: Layer, neuron: Side) -> None:
     if not candidates:
         return
     first = min(candidates, key=lambda r: candidates[r])
+    # among the ranks torchrun saw fail, its own record wins over the events' times (rv29e defect 8: a rank that
+    # aborted at teardown after its end event looked later than the peer torchrun then SIGTERMed): the root cause it
+    # names, never a rank it SIGTERMed. A rank that exited 0 early is no failure to torchrun: the times decide.
+    root = next((r for r, e in neuron.exits.items() if e.get("root_cause") and r in ranks), None)
+    terminated = {r for r, e in neuron.exits.items() if e.get("signal") == "SIGTERM" and not e.get("root_cause")}
+    if root is not None and first in neuron.exits:
+        first = root
+    elif first in terminated and set(candidates) - terminated:
+        first = min(set(candidates) - terminated, key=lambda r: candidates[r])
     run = ranks[first]
     failed = [ranks[r] for r in set(bad) if ranks[r].errors]
     if run.errors and len(failed) == len(set(bad)) and len({x.errors[0]["type"] for x in failed}) == 1 and \
             len({x.errors[0]["message"][:80] for x in failed}) == 1:
         return  # every rank raised the same error on its own: none of them is the others' cause
     t0 = min((x.launched for x in ranks.values() if x.launched), default=None)
-    at = f" at {candidates[first] - t0:.1f} s" if t0 else ""
+    at = f" at {candidates[first] - t0:.1f} s" if t0 and first in candidates else ""
     exit_ = neuron.exits.get(first, {})
     if run.errors:
         how = f"raised {run.errors[0]['type'].rsplit('.', 1)[-1]}: {run.errors[0]['message'][:300]}"
