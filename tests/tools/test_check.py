@@ -155,7 +155,7 @@ def test_a_hanging_job_is_a_reported_failure_not_a_hung_checker(tmp_path: Path) 
     # h29: where it was, from the stacks it wrote when the checker asked before killing it (faulthandler)
     assert e["where"]["kind"] == "own" and "in its own code at check_jobs.py:" in e["message"], e
     assert "in hang_job" in e["message"]
-    assert doc["run"]["timed_out"] and doc["run"]["seconds"] < 40
+    assert doc["run"]["timed_out"] and doc["run"]["seconds"] < 150  # a bound that proves no hang, not a margin
     assert _alive(tmp_path) == []  # the job and the helper it started in another session
     [ref] = evidence(doc, "correctness", "warn", "reference")  # {device} was there: the reason is the timeout
     assert ref["message"].startswith("reference skipped: the job timed out") and doc["reference"] is None

@@ -14,13 +14,14 @@ import pytest
 
 from torch_neuronx.testing.plan import LLAMA3_8B, cli
 from torch_neuronx.testing.plan import assert_refused as _refused
+from torch_neuronx.tools.cli import main
 
 BASE = ["--instance", "trn1.32xlarge", "--global-batch", "64", "--seq-len", "4096", "--layout", "8x4"]
 
 
 def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     """Exit status, stdout and stderr of ``torch-neuronx plan ARGV``."""
-    return cli(["plan", *argv], capsys)
+    return cli(main, ["plan", *argv], capsys)
 
 
 @pytest.fixture()

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from torch_neuronx.testing.plan import assert_refused as _refused
-from torch_neuronx.testing.plan import cli as _main
+from torch_neuronx.testing.plan import cli
+from torch_neuronx.tools.cli import main
 
 # NxD Training's Llama-3-70B config.json (aws-neuron/neuronx-distributed-training examples, conf/hf_llama3_70B_config):
 # the fields the planner reads
@@ -23,6 +24,10 @@ NXD_LLAMA3_70B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 81
                   "max_position_embeddings": 8192, "rope_theta": 500000.0, "tie_word_embeddings": False}
 ARGS = ["--instance", "trn1.32xlarge", "--instances", "16", "--global-batch", "1024", "--seq-len", "8192",
         "--layout", "32x8x1x2"]
+
+
+def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    return cli(main, argv, capsys)
 
 
 def _config(tmp_path: Path, data: dict[str, object]) -> str:

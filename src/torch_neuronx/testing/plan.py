@@ -7,6 +7,7 @@ that weights, optimizer state and activations all count in the peak.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 # Llama-3-8B's published shape (meta-llama/Meta-Llama-3-8B config.json): GQA, 32 query and 8 key/value heads.
@@ -49,17 +50,15 @@ def example_lengths(n: int = 10_000, seed: int = 0) -> list[int]:
     return [max(1, min(4096, round(math.exp(rng.gauss(math.log(666), 0.8))))) for _ in range(n)]
 
 
-def cli(argv: list[str], capsys: Any) -> tuple[int, str, str]:
-    """Exit status, stdout and stderr of ``torch-neuronx ARGV`` run in this process (argparse's exits included);
-    `capsys` is pytest's fixture."""
-    from torch_neuronx.tools.cli import main
-
+def cli(main: Callable[[list[str]], int | None], argv: list[str], capsys: Any) -> tuple[int, str, str]:
+    """Exit status, stdout and stderr of the command line `main` (``torch_neuronx.tools.cli.main``, passed in:
+    testing sits below tools) run in this process with `argv`, argparse's exits included; `capsys` is pytest's."""
     try:
         code = main(argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     out, err = capsys.readouterr()
-    return code, out, err
+    return code or 0, out, err
 
 
 def assert_refused(code: int, out: str, err: str, message: str) -> None:
