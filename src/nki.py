@@ -31,9 +31,24 @@ def _real_nki() -> importlib.machinery.ModuleSpec | None:
             continue
         if spec is None or spec.origin is None:
             continue
-        if os.path.realpath(spec.origin) != here:
+        if os.path.realpath(spec.origin) != here and not _is_router(spec.origin):
             return spec
     return None
+
+
+def _is_router(origin: str) -> bool:
+    """Whether `origin` is another copy of this router (a second checkout installed beside this one): loading it
+    would look for a real ``nki`` again and come back here, without end."""
+    if os.path.basename(origin) != "nki.py":
+        return False  # AWS's is a package (nki/__init__.py)
+    try:
+        with open(origin, encoding="utf-8") as f:
+            return _MARK in f.read(4096)
+    except OSError:
+        return False
+
+
+_MARK = "TorchNeuron's emulator: AWS's NKI package when it is installed"
 
 
 def _route() -> None:
