@@ -963,3 +963,31 @@ def test_a_killed_checks_stash_beside_the_job_is_not_ignored_by_a_check_with_ano
             assert aside.move(job_dir / "f", 0) and aside.stash is not None
             assert json.loads((aside.stash / STASH_ORIGIN).read_text()) == {
                 "out": str((Path(shm) / "out").resolve()), "job": str(job_dir)}
+
+
+def test_what_was_made_after_a_killed_check_died_is_not_its_output(tmp_path: Path) -> None:
+    """rv29f defect 1: a check killed while its job ran leaves its listing; the next check hides what that check's
+    runs created (ck/), but not the script it is told to run nor files written after the killed check's last
+    trace in --out (made by hand since), which would otherwise be hidden from the job that needs them."""
+    from torch_neuronx.tools.check.run import (KILLED_SLACK_S, killed_check_outputs, last_activity, listing,
+                                               record_listing)
+
+    job_dir, out = tmp_path / "job", tmp_path / "out"
+    job_dir.mkdir()
+    (out / "neuron-logs").mkdir(parents=True)
+    (job_dir / "train.py").write_text("pass\n")
+    record_listing(out, job_dir, listing(job_dir, out.resolve()))
+    (job_dir / "ck").mkdir()
+    (job_dir / "ck" / "latest.pt").write_bytes(b"x")  # the killed run's checkpoint
+    (out / "neuron-logs" / "rank0.log").write_text("step 4\n")  # its last output, then the SIGKILL
+    until = last_activity(out)
+    assert until is not None
+    later = until + KILLED_SLACK_S + 60
+    for name in ("run2.py", "hand.json"):  # made by hand a minute later
+        (job_dir / name).write_text("{}\n")
+        os.utime(job_dir / name, (later, later))
+    (job_dir / "run3.py").write_text("pass\n")  # the script the next check runs, even if written right away
+    found = killed_check_outputs(out, job_dir, until, ["run3.py", "--device", "neuron"])
+    assert found == [str((job_dir / "ck").resolve())]
+    # the twin: without the time bound, the hand-made files would have been taken for the killed check's output
+    assert str((job_dir / "hand.json").resolve()) in killed_check_outputs(out, job_dir, None, ["run3.py"])

@@ -10,6 +10,7 @@ checkpoints in a fresh CPU-only process, and returns the report document
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -811,6 +812,7 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
     except (OSError, RecursionError) as e:
         raise ValueError(f"--out {str(cfg.out_dir)[:80]}: cannot be made ({type(e).__name__}: "
                          f"{getattr(e, 'strerror', None) or e}); give another folder") from None
+    killed_until = last_activity(cfg.out_dir)  # before the folders below are cleared: a killed check's last trace
     for name in ("neuron", "neuron-logs", "reference", "reference-logs", "neuron-files", "reference-files",
                  "previous-outputs", "checkpoint-inputs"):
         d = cfg.out_dir / name  # refuse before anything runs
@@ -821,7 +823,8 @@ def check(cfg: CheckConfig) -> dict[str, Any]:
     job_dir = Path(cfg.cwd or ".").resolve()
     recovered = recover_stranded(cfg.out_dir)  # a check killed (SIGKILL) before it put the job's files back
     refuse_other_checks_stash(job_dir, cfg.out_dir)
-    killed_created = killed_check_outputs(cfg.out_dir, job_dir)  # what a check killed while its job ran created
+    # what a check killed while its job ran created (never the command's own files, nor what was made after it died)
+    killed_created = killed_check_outputs(cfg.out_dir, job_dir, killed_until, command)
     previous = Previous(cfg.out_dir, beside=job_dir)
     # Both runs start from the same state: neither sees what the last check's job wrote, nor what a killed check's
     # job wrote (put back just now: that check's outputs, as if it had finished, rv29d), its inputs excepted.
@@ -1038,15 +1041,58 @@ def record_listing(out_dir: Path, job_dir: Path, before: set[str] | None) -> Non
         path.write_text(json.dumps({"job": str(job_dir), "paths": sorted(before)}))
 
 
-def killed_check_outputs(out_dir: Path, job_dir: Path) -> list[str]:
+KILLED_SLACK_S = 10.0  # a killed run's last file may follow its last line of output by this much
+
+
+def killed_check_outputs(out_dir: Path, job_dir: Path, until: float | None = None,
+                         command: list[str] | tuple[str, ...] = ()) -> list[str]:
     """What a check with this --out that was killed while its runs ran created in the job's folder (the topmost
-    new files and folders since its recorded listing); nothing when no such check left a listing of this folder."""
+    new files and folders since its recorded listing); nothing when no such check left a listing of this folder.
+    Left out (rv29f defect 1): the files `command` names (the job's script, which the user may have written after
+    the kill) and whatever was last written after the killed check's last trace in --out (`until`, from
+    :func:`last_activity`): made by hand since, not by that check's runs."""
     try:
         recorded = json.loads((out_dir / JOB_LISTING).read_text())
         before = {str(p) for p in recorded["paths"]} if recorded["job"] == str(job_dir) else None
     except (OSError, ValueError, TypeError, KeyError):
         return []
-    return created_paths(before, listing(job_dir, out_dir.resolve()))
+    named = {str((job_dir / a).resolve()) for a in command if a and not a.startswith("-") and (job_dir / a).exists()}
+    kept = []
+    for p in created_paths(before, listing(job_dir, out_dir.resolve())):
+        if any(n == p or n.startswith(p.rstrip("/") + "/") for n in named):
+            continue
+        if until is not None and _newest_mtime(Path(p)) > until + KILLED_SLACK_S:
+            continue
+        kept.append(p)
+    return kept
+
+
+def last_activity(out_dir: Path) -> float | None:
+    """When a check with this --out last wrote its records or its runs' logs (the newest mtime under them): a
+    check killed while its job ran stopped writing then."""
+    newest = None
+    for name in ("neuron", "neuron-logs", "reference", "reference-logs"):
+        folder = out_dir / name
+        if folder.is_dir():
+            t = _newest_mtime(folder)
+            newest = t if newest is None else max(newest, t)
+    return newest
+
+
+def _newest_mtime(path: Path, limit: int = 2000) -> float:
+    """The newest modification time of `path` and what it holds (at most `limit` entries looked at)."""
+    try:
+        newest = path.lstat().st_mtime
+    except OSError:
+        return 0.0
+    if path.is_dir() and not path.is_symlink():
+        for i, (root, _dirs, files) in enumerate(os.walk(path)):
+            for f in files:
+                with contextlib.suppress(OSError):
+                    newest = max(newest, os.lstat(os.path.join(root, f)).st_mtime)
+            if i > limit:
+                break
+    return newest
 
 
 def refuse_other_checks_stash(job_dir: Path, out_dir: Path) -> None:
