@@ -969,8 +969,13 @@ def test_what_was_made_after_a_killed_check_died_is_not_its_output(tmp_path: Pat
     """rv29f defect 1: a check killed while its job ran leaves its listing; the next check hides what that check's
     runs created (ck/), but not the script it is told to run nor files written after the killed check's last
     trace in --out (made by hand since), which would otherwise be hidden from the job that needs them."""
-    from torch_neuronx.tools.check.run import (KILLED_SLACK_S, killed_check_outputs, last_activity, listing,
-                                               record_listing)
+    from torch_neuronx.tools.check.run import (
+        KILLED_SLACK_S,
+        killed_check_outputs,
+        last_activity,
+        listing,
+        record_listing,
+    )
 
     job_dir, out = tmp_path / "job", tmp_path / "out"
     job_dir.mkdir()
@@ -991,3 +996,27 @@ def test_what_was_made_after_a_killed_check_died_is_not_its_output(tmp_path: Pat
     assert found == [str((job_dir / "ck").resolve())]
     # the twin: without the time bound, the hand-made files would have been taken for the killed check's output
     assert str((job_dir / "hand.json").resolve()) in killed_check_outputs(out, job_dir, None, ["run3.py"])
+
+
+def test_a_rank_without_its_exit_record_is_not_evidence_of_a_collective_mismatch() -> None:
+    """rv29f defects 2 and 4: a rank torchrun killed (no end record) is counted by its completed steps only, so a
+    barrier it issued after them is missing: that is no mismatch (info), and equal counts are qualified as those
+    of the completed steps. The twin: both ranks ended, their counts differ: the warning stays."""
+    from torch_neuronx.tools.check.results import RankRun
+
+    def run(rank: int, ended: bool, barrier: int) -> RankRun:
+        comm = {"all_reduce": {"calls": 5, "bytes": 40}}
+        end = {"comm": {**comm, "barrier": {"calls": barrier, "bytes": 0}}} if ended else None
+        return RankRun(rank=rank, steps=[{"i": 0, "t": 1.0, "comm": comm}], start={"pid": 10 + rank}, end=end)
+
+    def collectives(*ranks: RankRun) -> list[dict[str, Any]]:
+        layer = verdicts.Layer()
+        verdicts._collectives(layer, Side("neuron", ["job"], ranks={r.rank: r for r in ranks}))
+        return layer.evidence
+
+    [e] = collectives(run(0, True, 1), run(1, False, 0))
+    assert e["verdict"] == "info" and e["partial"] == [1] and "not compared" in e["message"], e
+    [e] = collectives(run(0, False, 0), run(1, False, 0))  # both killed in a hang: equal in their completed steps
+    assert e["verdict"] == "pass" and "in the steps every rank completed" in e["message"], e
+    [e] = collectives(run(0, True, 1), run(1, True, 0))  # the twin: both ended, different counts
+    assert e["verdict"] == "warn" and "different collectives" in e["message"], e
