@@ -747,8 +747,8 @@ def operations(neuron: Side, th: Thresholds, timeout: float, ref: Side | None = 
             why = (f"did not finish within the {timeout:.0f} s deadline (hung or too slow); it was in step {done} "
                    f"(after {done} completed step(s))" + (f", {at['text']}" if at else "") if neuron.timed_out else
                    f"was stopped by the launcher after rank(s) {failed} failed" if failed and stopped_after else
-                   f"{how} in step {done} without a Python exception (killed, os._exit or an abort in C++; "
-                   f"return code {neuron.returncode})")
+                   f"{how} {_in_step(neuron, done)} without a Python exception (killed, os._exit or an abort in "
+                   f"C++; return code {neuron.returncode})")
             layer.add("fail", "hang" if neuron.timed_out else "crash", f"rank {rank} {why}", rank=rank,
                       log_tail=run.log_tail[-2000:], where=at)
     _who_hung(layer, neuron)
@@ -914,7 +914,8 @@ def _first_stop(layer: Layer, neuron: Side) -> None:
         how = (f"was killed by {exit_['signal']} {when} (exit code {exit_['exitcode']}: an abort in C++, e.g. "
                "gloo's collective mismatch, a thread left running at exit, or os.abort)")
     elif exit_:
-        how = f"exited with code {exit_['exitcode']} without a Python exception (os._exit or a C++ abort)"
+        how = (f"exited with code {exit_['exitcode']} with no uncaught exception recorded (sys.exit, os._exit or a "
+               "C++ abort)")
     elif run.status == "ok":
         how = ("exited normally (code 0) while the other ranks were still running: a rank that leaves early "
                "makes its peers' next collective fail")
@@ -925,6 +926,13 @@ def _first_stop(layer: Layer, neuron: Side) -> None:
     layer.add("fail", "first_stop", f"rank {first} stopped first{at}, after {len(run.steps)} step(s): it {how}"
               f"{after}", rank=first, log_tail=run.log_tail[-2000:])
 
+
+
+def _in_step(neuron: Side, done: int) -> str:
+    """Where a stopped rank was: "in step N" (numbered from 0), or "after its last step" when a rank that ended
+    normally ran no more steps than it completed (rv29f: "in step 5" of a five-step job)."""
+    last = max((len(r.steps) for r in neuron.ranks.values() if r.end is not None), default=None)
+    return f"after its last step ({done} completed)" if last is not None and done >= last else f"in step {done}"
 
 
 def _raised_in_own_code(run: Any) -> bool:
