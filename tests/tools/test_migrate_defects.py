@@ -1913,3 +1913,111 @@ def test_rv32g_8_an_xla_init_method_dropped_from_an_expression_is_flagged() -> N
     assert "ok = dist.init_process_group(backend='neuron')" in res.code
     twin = migrate_python(code.replace("ok = ", ""))
     assert "\nneuron_init_group(world_of_one=True)\n" in twin.code and not twin.flags
+
+
+# rv32h (issue 32): re-init after destroy judged by what can run, not by line order; libraries not taken for
+# scripts; an xla:// init_method in a variable; backend=None
+XLA_PG = "import torch\nimport torch.distributed as dist\n" + XM + "import torch_xla.distributed.xla_backend\n\n"
+H16 = XLA_PG + ("def main():\n    dist.init_process_group('xla')\n    t = torch.ones(2, device=xm.xla_device())\n"
+                "    dist.all_reduce(t)\n    dist.destroy_process_group()\n    dist.init_process_group('xla')\n"
+                "    dist.all_reduce(t)\n\nif __name__ == '__main__':\n    main()\n")
+H07 = XLA_PG + ("def cleanup():\n    dist.destroy_process_group()\n\ndef main():\n    dist.init_process_group('xla')\n"
+                "    t = torch.ones(2, device=xm.xla_device())\n    dist.all_reduce(t)\n    cleanup()\n\n"
+                "if __name__ == '__main__':\n    main()\n")
+H08 = XLA_PG + ("def setup():\n    dist.init_process_group('xla')\n\ndef teardown():\n"
+                "    dist.destroy_process_group()\n\ndef main():\n    for phase in range(2):\n        setup()\n"
+                "        t = torch.ones(2, device=xm.xla_device())\n"
+                "        dist.all_reduce(t)\n        teardown()\n\nif __name__ == '__main__':\n    main()\n")
+
+
+def _reinits(code: str) -> list[int]:
+    return [f.line for f in migrate_python(code).flags if f.rule == "xla-group-reinit"]
+
+
+def test_rv32h_d3_a_guarded_reinit_is_flagged_once_and_a_second_pass_changes_nothing() -> None:
+    """n16: init, destroy, init again in main(): the second init is flagged; the first pass put the TODO above
+    the `if not torch.distributed.is_initialized():` guard it added, the second pass added it again inside the
+    guard. Now a second pass is byte-identical and still raises the one flag (the TODO stays open)."""
+    first = migrate_python(H16)
+    assert [(f.rule, f.line) for f in first.flags] == [("xla-group-reinit", 11)]
+    assert first.code.count(TODO) == 1 and "re-creating the default group after destroying it" in first.flags[0].reason
+    second = migrate_python(first.code)
+    assert second.code == first.code and [f.rule for f in second.flags] == ["xla-group-reinit"]
+    g05 = migrate_python(G05.format(second="dist.init_process_group('xla', init_method='xla://')\n")).code
+    assert migrate_python(g05).code == g05  # the inlined helper's own init is not the script's re-init
+
+
+def test_rv32h_d3_a_cleanup_defined_above_main_is_no_reinit() -> None:
+    """n07: `def cleanup(): destroy...` defined above `def main(): init...; cleanup()` was flagged: the order
+    functions are defined in is not the order they run in. Not flagged, defined above or below (n07t), and a
+    second pass changes nothing; the twin, main() calling cleanup() and then init again, is flagged."""
+    below = H07.replace("def cleanup():\n    dist.destroy_process_group()\n\n", "").replace(
+        "if __name__", "def cleanup():\n    dist.destroy_process_group()\n\nif __name__")
+    for code in (H07, below):
+        res = migrate_python(code)
+        assert not res.flags and migrate_python(res.code).code == res.code
+    assert _reinits(H07.replace("    cleanup()\n", "    cleanup()\n    dist.init_process_group('xla')\n")) == [14]
+
+
+def test_rv32h_d2_an_init_function_called_in_a_destroying_loop_is_flagged() -> None:
+    """n08: `for phase in range(2): setup(); ...; teardown()`: setup()'s init runs again after teardown()'s
+    destroy, through the file's own functions. Flagged once on the init; the twin, teardown() after the loop,
+    is not."""
+    assert _reinits(H08) == [7]
+    after_loop = H08.replace("        teardown()\n", "    teardown()\n")
+    assert _reinits(after_loop) == []
+    res = migrate_python(H08)
+    assert migrate_python(res.code).code == res.code
+
+
+LIB = XLA_PG.replace("import torch_xla.distributed.xla_backend\n", "") + "{top}\n\ndef reduce(t):\n" \
+    "    return xm.all_reduce(xm.REDUCE_SUM, t)\n"
+
+
+@pytest.mark.parametrize("top", [
+    "def create_app():\n    return {}\n\napp = create_app()",  # n03: the file's own function, assigned
+    "import subprocess\nGIT = subprocess.run(['true'], capture_output=True).stdout",  # n09: an entry-like attribute
+    "from sklearn.model_selection import train_test_split\nTRAIN, TEST = train_test_split(list(range(10)))",  # n17
+    "import logging\n\ndef get_logger(name):\n    return logging.getLogger(name)\n\nlogger = get_logger(__name__)",
+])
+def test_rv32h_d1_a_library_calling_at_import_is_no_script(top: str) -> None:
+    """n03, n09, n17, n22: a library's module-level calls (its own factory, `subprocess.run`, `train_test_split`,
+    `get_logger`) took it for a script: the group started at its import, colliding with the importing script's
+    own init_process_group. A library now: nothing started at import, no flag."""
+    res = migrate_python(LIB.format(top=top), target=CPU)
+    assert "\nneuron_init_group()  #" not in res.code and not res.flags
+
+
+@pytest.mark.parametrize("top", ["MODEL = torch.nn.Linear(2, 2)\nMODEL.eval()", "_REG = {}\n\ndef _register():\n"
+                                 "    _REG['sum'] = 1\n\n_register()"])
+def test_rv32h_d1_a_call_as_a_statement_without_a_main_block_is_unsure(top: str) -> None:
+    """n10 `MODEL.eval()`, p1/mylib.py `_register()`: calls as statements at import, no `__main__` block: unsure,
+    not started, flagged; the twins, `if __name__ == "__main__": main()`, `main()` (also imported), and
+    `fire.Fire(main)`, are scripts and start the group first."""
+    res = migrate_python(LIB.format(top=top), target=CPU)
+    assert [f.rule for f in res.flags] == ["xla-script-unsure"] and "\nneuron_init_group()  #" not in res.code
+    main = "\n\ndef main():\n    pass\n"
+    for tail in (main + "\nif __name__ == '__main__':\n    main()\n", main + "\nmain()\n",
+                 main + "\nimport fire\nfire.Fire(main)\n", "\nfrom mypkg.cli import main\nmain()\n"):
+        script = migrate_python(LIB.format(top=top) + tail, target=CPU)
+        assert "\nneuron_init_group()  #" in script.code and not script.flags, tail
+
+
+def test_rv32h_d4_an_xla_init_method_in_a_variable_is_flagged() -> None:
+    """n21, n21t: `INIT = "xla://"; init_process_group("xla", INIT)` (or `init_method=INIT`) kept XLA's
+    rendezvous, unflagged: torch has no handler for xla://. Flagged when the file names "xla://" or "pjrt://";
+    the twin, a variable holding "env://", is not."""
+    head = "import torch.distributed as dist\nimport torch_xla.distributed.xla_backend\n\nINIT = 'xla://'\n"
+    for call in ("dist.init_process_group('xla', INIT)", "dist.init_process_group('xla', init_method=INIT)"):
+        res = migrate_python(head + call + "\n")
+        assert [(f.rule, f.line) for f in res.flags] == [("xla-init-method", 5)], call
+        assert not migrate_python((head + call + "\n").replace("xla://", "env://")).flags
+
+
+def test_rv32h_d5_backend_none_is_a_literal() -> None:
+    """n20: `init_process_group(backend=None)` was flagged xla-backend-var: None is torch's default backend, a
+    literal; not flagged (the twin, a variable, in a file that names "xla", is)."""
+    code = "import torch\nimport torch.distributed as dist\n" + XM + "\ndist.init_process_group(backend={})\n" \
+        "t = torch.ones(2).to('xla')\n"
+    assert not migrate_python(code.format("None")).flags
+    assert [f.rule for f in migrate_python(code.format("BACKEND")).flags] == ["xla-backend-var"]

@@ -166,14 +166,16 @@ BACKEND_VAR = FlagRule(
 XLA_INIT_METHOD = FlagRule(
     "xla-init-method", "XLA's init_method \"xla://\" / \"pjrt://\" took the world from XLA's runtime, also one "
     "process alone with no launcher; the native env:// rendezvous needs torchrun's RANK and WORLD_SIZE. This call "
-    "cannot become `neuron_init_group(world_of_one=True)` (its value is used, it has other options, or options "
-    "follow the init_method by position): the init_method is dropped.",
+    "cannot become `neuron_init_group(world_of_one=True)` (its value is used, it has other options, options "
+    "follow the init_method by position, or the init_method is held in a variable): a literal one is dropped, a "
+    "variable is left as it is.",
     "make it a statement of its own, `neuron_init_group(world_of_one=True)` (it starts torchrun's group, or alone "
     "a group of one), or run it under torchrun only.")
 GROUP_REINIT = FlagRule(
-    "xla-group-reinit", "This init_process_group follows a destroy_process_group: under torchrun a second "
-    "\"neuron\" default group after the first was destroyed fails to connect (the emulated backend; plain "
-    "PyTorch's gloo re-initialises), where XLA's runtime kept its world.",
+    "xla-group-reinit", "This init_process_group can run after a destroy_process_group (later in the same "
+    "function, in a loop that destroys, or in a function called from one): re-creating the default group after "
+    "destroying it is what is flagged. Under torchrun the second \"neuron\" group failed to connect or hung in some "
+    "runs of the emulated backend and passed in others (a race not yet found), where XLA's runtime kept its world.",
     "keep one process group for the whole run (drop the destroy / re-init pair), or use new_group() for a second "
     "group.")
 SCRIPT_UNSURE = FlagRule(
