@@ -48,7 +48,7 @@ def _is_router(origin: str) -> bool:
         return False
 
 
-_MARK = "TorchNeuron's emulator: AWS's NKI package when it is installed"
+_MARK = (__doc__ or "").splitlines()[0]  # this router's first line, as every copy of it opens
 
 
 def _route() -> None:

@@ -56,3 +56,13 @@ def test_same_site_packages_prefers_the_package_directory(tmp_path: Path) -> Non
     site = fake_aws_nki(tmp_path / "site")
     shutil.copy(SHIM, site / "nki.py")  # both installed side by side: Python picks the package, not nki.py
     assert run(PROBE, [site], cwd=tmp_path).startswith("False True")
+
+
+def test_a_second_checkouts_router_is_not_taken_for_aws_package(tmp_path: Path) -> None:
+    """Two checkouts on the path (a CI clone beside a development tree): each router skips the other's copy of
+    itself, in either order, instead of loading it and recursing without end; the interpreter is what they give."""
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(SHIM, other / "nki.py")
+    for order in ([other, SRC], [SRC, other]):
+        assert run(PROBE, order).split()[:2] == ["True", "False"]
