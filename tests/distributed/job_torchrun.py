@@ -149,5 +149,26 @@ def mesh2d_tp_fsdp_training() -> str:
     return f"{detail}; placements {sorted(placements)}"
 
 
+
+@checks
+def group_made_again_after_destroy() -> str:
+    """Last (it remakes the world group): destroy_process_group() then init_process_group() again, three times,
+    with a mesh's subgroups each time. c10d reuses the group names and torchrun's store keeps the old groups' Gloo
+    addresses: before each incarnation had its own keys, about one launch in two failed ("Connection refused") or
+    hung here, as plain "gloo" still does."""
+    sums = []
+    for _ in range(3):
+        dist.destroy_process_group()
+        dist.init_process_group("neuron")
+        t = torch.full((2,), float(RANK + 1), device=dev())
+        dist.all_reduce(t)
+        assert_close(t.cpu(), torch.full((2,), WORLD * (WORLD + 1) / 2))
+        mesh = mesh_2d() if WORLD == 4 else nd.init_mesh((WORLD,), ("dp",))  # 4 workers: subgroups made again
+        u = torch.full((2,), 1.0, device=dev())
+        dist.all_reduce(u, group=mesh.get_group(mesh.mesh_dim_names[-1]))
+        assert_close(u.cpu(), torch.full((2,), float(mesh.size(-1))))
+        sums.append(t[0].item())
+    return f"world sums after each re-init: {sums}"
+
 if __name__ == "__main__":
     checks.main(setup=lambda: dist.init_process_group("neuron"), teardown=dist.destroy_process_group, only=only)

@@ -16,7 +16,6 @@ the process then owns exactly one NeuronCore, ``neuron:LOCAL_RANK``, with
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -32,14 +31,29 @@ _BACKEND = "neuron"
 _backend_listeners: list[Callable[[Any], None]] = []
 
 
-def _create_backend(store, rank: int, size: int, timeout: timedelta):  # type: ignore[no-untyped-def]
+# How many times this process has created a group of each name. c10d names the world group "0" again after
+# destroy_process_group(), so a group made anew would find the previous group's Gloo addresses still in the
+# launcher's store (torchrun's agent store outlives every process group) and connect to ports that are closed or
+# closing: the second init_process_group() then fails with "Connection refused" or hangs, by chance, as it does with
+# plain "gloo" (PyTorch 2.13). Every rank of a group creates it the same number of times, so the count gives each
+# incarnation its own keys in the store.
+_incarnations: dict[str, int] = {}
+
+
+def _create_backend(opts, _backend_options=None):  # type: ignore[no-untyped-def]
+    """c10d's creator (extended API: `opts` is a DistributedBackendOptions, which names the group)."""
     import torch.distributed as dist
 
     from torch_neuronx import _C
     from torch_neuronx.distributed.devices import setup_process_devices
 
+    store, rank, size = opts.store, opts.group_rank, opts.group_size
+    incarnation = _incarnations.get(opts.group_id, 0)
+    _incarnations[opts.group_id] = incarnation + 1
+    if incarnation:
+        store = dist.PrefixStore(f"neuron_incarnation_{incarnation}/", store)
     setup_process_devices(rank, size, store)
-    backend = _C.ProcessGroupNeuron(dist.ProcessGroupGloo(store, rank, size, timeout))
+    backend = _C.ProcessGroupNeuron(dist.ProcessGroupGloo(store, rank, size, opts.timeout))
     # TorchNeuron's bucketing of large all-gathers and reduce-scatters (bad values warn, naming the variable)
     backend._set_bucketing(env.get("COLLECTIVE_BUCKETSIZE_IN_MB") << 20, env.get("NEURON_USE_SPLIT_ALLGATHER"),
                            env.get("NEURON_USE_SPLIT_REDUCE_SCATTER"))
@@ -55,7 +69,7 @@ def _register() -> None:
     import torch.distributed as dist
 
     if _BACKEND not in dist.Backend.backend_list:
-        dist.Backend.register_backend(_BACKEND, _create_backend, devices=["cpu", "neuron"])
+        dist.Backend.register_backend(_BACKEND, _create_backend, extended_api=True, devices=["cpu", "neuron"])
 
 
 def comm_stats(group=None) -> dict[str, dict[str, int]]:  # type: ignore[no-untyped-def]
