@@ -1887,22 +1887,6 @@ G05 = ("import torch\nimport torch.distributed as dist\n" + XM + "\ndist.init_pr
        "device=xm.xla_device())\n")
 
 
-def test_rv32g_7_a_neuron_group_started_again_after_destroy_is_flagged() -> None:
-    """g05: init, destroy_process_group, init again under torchrun hung on 2 ranks. Measured (2 ranks, torchrun):
-    plain PyTorch's gloo re-initialises and reduces; the emulated "neuron" backend fails the second gloo mesh
-    connect (connection refused). The neuron migration flags the second init; the CPU reference (gloo) does not;
-    the twin, one init and a destroy at the end, is not flagged."""
-    again = G05.format(second="dist.init_process_group('xla', init_method='xla://')\n")
-    res = migrate_python(again)
-    assert [(f.rule, f.line) for f in res.flags] == [("xla-group-reinit", 8)]
-    assert res.code.count("neuron_init_group(world_of_one=True)") == 2  # both still rewritten
-    assert migrate_python(again, target=CPU).flags == []
-    assert migrate_python(G05.format(second="")).flags == []
-    loop = "import torch.distributed as dist\nfor i in range(2):\n    dist.init_process_group('xla')\n    x = 1\n" \
-        "    dist.destroy_process_group()\n"  # the init after the first destroy, by the loop
-    assert [(f.rule, f.line) for f in migrate_python(loop).flags] == [("xla-group-reinit", 3)]
-
-
 def test_rv32g_8_an_xla_init_method_dropped_from_an_expression_is_flagged() -> None:
     """g07: `ok = init_process_group(backend="xla", init_method="pjrt://")`: the init_method was dropped with no
     flag; alone (no torchrun) env:// then fails where XLA's pjrt:// started a group of one. Flagged; the twin, a
@@ -1928,46 +1912,6 @@ H08 = XLA_PG + ("def setup():\n    dist.init_process_group('xla')\n\ndef teardow
                 "    dist.destroy_process_group()\n\ndef main():\n    for phase in range(2):\n        setup()\n"
                 "        t = torch.ones(2, device=xm.xla_device())\n"
                 "        dist.all_reduce(t)\n        teardown()\n\nif __name__ == '__main__':\n    main()\n")
-
-
-def _reinits(code: str) -> list[int]:
-    return [f.line for f in migrate_python(code).flags if f.rule == "xla-group-reinit"]
-
-
-def test_rv32h_d3_a_guarded_reinit_is_flagged_once_and_a_second_pass_changes_nothing() -> None:
-    """n16: init, destroy, init again in main(): the second init is flagged; the first pass put the TODO above
-    the `if not torch.distributed.is_initialized():` guard it added, the second pass added it again inside the
-    guard. Now a second pass is byte-identical and still raises the one flag (the TODO stays open)."""
-    first = migrate_python(H16)
-    assert [(f.rule, f.line) for f in first.flags] == [("xla-group-reinit", 11)]
-    assert first.code.count(TODO) == 1 and "re-creating the default group after destroying it" in first.flags[0].reason
-    second = migrate_python(first.code)
-    assert second.code == first.code and [f.rule for f in second.flags] == ["xla-group-reinit"]
-    g05 = migrate_python(G05.format(second="dist.init_process_group('xla', init_method='xla://')\n")).code
-    assert migrate_python(g05).code == g05  # the inlined helper's own init is not the script's re-init
-
-
-def test_rv32h_d3_a_cleanup_defined_above_main_is_no_reinit() -> None:
-    """n07: `def cleanup(): destroy...` defined above `def main(): init...; cleanup()` was flagged: the order
-    functions are defined in is not the order they run in. Not flagged, defined above or below (n07t), and a
-    second pass changes nothing; the twin, main() calling cleanup() and then init again, is flagged."""
-    below = H07.replace("def cleanup():\n    dist.destroy_process_group()\n\n", "").replace(
-        "if __name__", "def cleanup():\n    dist.destroy_process_group()\n\nif __name__")
-    for code in (H07, below):
-        res = migrate_python(code)
-        assert not res.flags and migrate_python(res.code).code == res.code
-    assert _reinits(H07.replace("    cleanup()\n", "    cleanup()\n    dist.init_process_group('xla')\n")) == [14]
-
-
-def test_rv32h_d2_an_init_function_called_in_a_destroying_loop_is_flagged() -> None:
-    """n08: `for phase in range(2): setup(); ...; teardown()`: setup()'s init runs again after teardown()'s
-    destroy, through the file's own functions. Flagged once on the init; the twin, teardown() after the loop,
-    is not."""
-    assert _reinits(H08) == [7]
-    after_loop = H08.replace("        teardown()\n", "    teardown()\n")
-    assert _reinits(after_loop) == []
-    res = migrate_python(H08)
-    assert migrate_python(res.code).code == res.code
 
 
 LIB = XLA_PG.replace("import torch_xla.distributed.xla_backend\n", "") + "{top}\n\ndef reduce(t):\n" \
@@ -2021,3 +1965,190 @@ def test_rv32h_d5_backend_none_is_a_literal() -> None:
         "t = torch.ones(2).to('xla')\n"
     assert not migrate_python(code.format("None")).flags
     assert [f.rule for f in migrate_python(code.format("BACKEND")).flags] == ["xla-backend-var"]
+
+
+# rv32i (issue 32): a group made again after destroy_process_group is no flag (the "neuron" backend gives each
+# incarnation of a group its own store prefix: src/torch_neuronx/distributed/__init__.py, `_incarnations`); entry
+# points matched exactly; an xla:// init method the check did not see
+R03 = XLA_PG + ("class Runner:\n    def setup(self):\n        dist.init_process_group('xla')\n\n"
+                "    def teardown(self):\n        dist.destroy_process_group()\n\n    def work(self):\n"
+                "        t = torch.ones(2, device=xm.xla_device())\n        dist.all_reduce(t)\n\n"
+                "def main():\n    r = Runner()\n    for phase in range(2):\n        r.setup()\n        r.work()\n"
+                "        r.teardown()\n\nif __name__ == '__main__':\n    main()\n")
+R05 = XLA_PG + ("from torch.distributed import destroy_process_group as dpg\n\ndef main():\n"
+                "    dist.init_process_group('xla')\n    t = torch.ones(2, device=xm.xla_device())\n"
+                "    dist.all_reduce(t)\n    dpg()\n    dist.init_process_group('xla')\n    dist.all_reduce(t)\n\n"
+                "if __name__ == '__main__':\n    main()\n")
+GUARDED_INIT = re.compile(r"\n( +)if not torch\.distributed\.is_initialized\(\):\n"
+                          r"\1    dist\.init_process_group\('neuron'\)\n")
+
+
+@pytest.mark.parametrize(("code", "guarded"), [
+    (H16, 2), (H07.replace("    cleanup()\n", "    cleanup()\n    dist.init_process_group('xla')\n"), 2),
+    (H08, 1), (R03, 1), (R05, 2),
+    (G05.format(second="dist.init_process_group('xla', init_method='xla://')\n"), 0),
+    ("import torch.distributed as dist\nfor i in range(2):\n    dist.init_process_group('xla')\n    x = 1\n"
+     "    dist.destroy_process_group()\n", 0),
+], ids=["n16", "n07-then-init", "n08-setup-teardown-loop", "r03-class-methods", "r05-dpg-alias", "g05-xla-url",
+        "module-loop"])
+def test_rv32i_r_a_group_made_again_after_destroy_is_migrated_without_a_flag(code: str, guarded: int) -> None:
+    """rv32i R (was rv32g 7, rv32h D2/D3): init, destroy, init again (in one function, through a loop calling
+    setup()/teardown(), class methods, `destroy_process_group as dpg`, xla:// twice at module level) was flagged
+    `xla-group-reinit` for a race in the emulated backend. Its cause, c10d reusing the store keys of a group
+    re-created after destroy (pytorch/pytorch#55967), is fixed in the backend: the destroy/init pair means what it
+    meant under XLA. No flag, every init rewritten to "neuron" (behind the is_initialized guard in a script that
+    starts the group first), a second pass byte-identical."""
+    res = migrate_python(code)
+    assert not res.flags and TODO not in res.code and "'xla'" not in res.code
+    assert len(GUARDED_INIT.findall(res.code)) == guarded
+    if not guarded:  # module-level: the xla:// pair became the helper's calls, the loop's init the plain one
+        assert res.code.count("neuron_init_group(world_of_one=True)") == 2 or "init_process_group('neuron')" in res.code
+    second = migrate_python(res.code)
+    assert second.code == res.code and not second.flags
+
+
+def _fake_world_with_destroy(monkeypatch: pytest.MonkeyPatch, size: int) -> dict:
+    """`_fake_world` whose group can be destroyed and made again: init on a live group raises, as torch's ("trying
+    to initialize the default process group twice"), and so does a collective without one."""
+    seen = _fake_world(monkeypatch, size)
+    seen.update(live=False, destroyed=0)
+
+    def init(backend: str, *a: object, **k: object) -> None:
+        if seen["live"]:
+            raise ValueError("trying to initialize the default process group twice")
+        seen["init"].append(backend)
+        seen["live"] = True
+
+    def destroy(*a: object, **k: object) -> None:
+        seen["live"] = False
+        seen["destroyed"] += 1
+
+    def all_reduce(t: torch.Tensor, *a: object, **k: object) -> None:
+        if not seen["live"]:
+            raise ValueError("Default process group has not been initialized")
+        seen["reduced"] += 1
+        t.mul_(size)
+
+    monkeypatch.setattr(torch.distributed, "init_process_group", init)
+    monkeypatch.setattr(torch.distributed, "destroy_process_group", destroy)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: seen["live"])
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    return seen
+
+
+@pytest.mark.parametrize("code", [H08, R03], ids=["n08", "r03"])
+@pytest.mark.parametrize("world", ["2", None])
+def test_rv32i_r_a_migrated_setup_teardown_loop_runs_a_group_per_phase(monkeypatch: pytest.MonkeyPatch, code: str,
+                                                                     world: str | None) -> None:
+    """The migrated loop (CPU twin) makes the group again each phase and reduces in each, as XLA's script did: two
+    inits, two reduces on a live group, two destroys; under torchrun the first init is the group started first."""
+    res = migrate_python(code, target=CPU)
+    seen = _fake_world_with_destroy(monkeypatch, int(world or 1))
+    _run(res.code, {} if world is None else {"WORLD_SIZE": world, "LOCAL_RANK": "0"}, monkeypatch,
+         __name__="__main__")
+    assert seen["init"] == ["gloo", "gloo"] and seen["reduced"] == 2 and seen["destroyed"] == 2
+
+
+@pytest.mark.parametrize("cells", [
+    ("import torch\nimport torch.distributed as dist\n" + XM + "import torch_xla.distributed.xla_backend\n",
+     "dist.init_process_group(\"xla\")\nt = torch.ones(2, device=xm.xla_device())\ndist.all_reduce(t)\n",
+     "dist.destroy_process_group()\n", "dist.init_process_group(\"xla\")\ndist.all_reduce(t)\n"),  # n01
+    ("import torch\nimport torch.distributed as dist\n" + XM, "dist.init_process_group(backend=None)\n"
+     "t = torch.ones(2).to(\"xla\")\n", "def phase():\n    dist.init_process_group(\"xla\")\n"
+     "    dist.destroy_process_group()\n", "for i in range(2):\n    phase()\n"),  # n03
+], ids=["n01", "n03"])
+def test_rv32i_r_notebook_cells_that_make_the_group_again_are_not_flagged(cells: tuple[str, ...]) -> None:
+    """rv32i n01, n03: the re-init across cells: no flag, the inits rewritten to "neuron", a second pass
+    byte-identical."""
+    first = migrate_source(_notebook(*cells), "notebook")
+    assert not first.report.flags and '"xla"' not in first.result
+    assert sum(c.count('dist.init_process_group("neuron")') for c in _cells(first.result)) == (
+        "".join(cells).count('init_process_group("xla")'))
+    second = migrate_source(first.result, "notebook")
+    assert second.result == first.result and not second.report.flags
+
+
+def test_rv32i_d7_a_todo_stays_inside_the_users_own_guard() -> None:
+    """rv32i g01: the rendezvous-with-payload TODO inside the user's `if dist.is_initialized():` was moved above
+    the `if` (a pass meant for the re-init TODO): it now sits on its own statement, and a second pass changes
+    nothing."""
+    code = ("import torch\nimport torch.distributed as dist\n" + XM + "\ndef sync(payload):\n"
+            "    if dist.is_initialized():\n        out = xm.rendezvous('tag', payload)\n        return out\n"
+            "    return [payload]\n")
+    res = migrate_python(code)
+    assert "xla-rendezvous-payload" in [f.rule for f in res.flags]
+    guard = res.code.index("    if dist.is_initialized():\n")
+    todo = res.code.index("        " + TODO + " rendezvous with a payload")
+    assert guard < todo < res.code.index("        out = xm.rendezvous('tag', payload)")
+    assert migrate_python(res.code).code == res.code
+
+
+STARTED = "\nneuron_init_group()  #"
+
+
+@pytest.mark.parametrize("top", [
+    "def app_config():\n    return {'name': 'svc'}\n\nCONFIG = app_config()",  # s04
+    "import atexit\n\ndef run_cleanup():\n    pass\n\natexit.register(run_cleanup)",  # l01
+    "def eval_transforms():\n    return [lambda x: x * 2]\n\nEVAL_TRANSFORMS = eval_transforms()",  # l02
+    "def training_defaults():\n    return {'lr': 1e-3}\n\nDEFAULTS = dict(training_defaults(), batch=8)",  # l03
+    "SCALE = eval('2')",  # Python's eval, not the file's entry point
+], ids=["s04", "l01", "l02", "l03", "builtin-eval"])
+def test_rv32i_d1_a_library_whose_functions_start_like_entry_points_is_no_script(
+        monkeypatch: pytest.MonkeyPatch, top: str) -> None:
+    """rv32i s04, l01-l03: `app_config()`, `run_cleanup`, `eval_transforms()`, `training_defaults()` matched the
+    entry names by prefix: the library started the group at its import (colliding with its importer's). Entry
+    points match exactly now: a library, nothing started at import, no flag; its helper starts the group at the
+    first collective. The twins, `main()` or `_run()` called as a statement, are scripts; the file's other
+    function called as a statement (`run_cleanup()`) is unsure (flagged, not started)."""
+    res = migrate_python(LIB.format(top=top), target=CPU)
+    assert STARTED not in res.code and not res.flags
+    seen = _fake_world(monkeypatch, 2)
+    scope = _run(res.code, {"WORLD_SIZE": "2", "LOCAL_RANK": "0"}, monkeypatch)
+    assert seen["init"] == []  # importing it starts nothing
+    assert scope["reduce"](torch.ones(2)).tolist() == [2.0, 2.0] and seen["init"] == ["gloo"]
+    for entry in ("main", "_run"):
+        script = migrate_python(LIB.format(top=top) + f"\n\ndef {entry}():\n    pass\n\n\n{entry}()\n", target=CPU)
+        assert STARTED in script.code and not script.flags, entry
+    if "run_cleanup" in top:
+        unsure = migrate_python(LIB.format(top=top + "\nrun_cleanup()"), target=CPU)
+        assert [f.rule for f in unsure.flags] == ["xla-script-unsure"] and STARTED not in unsure.code
+
+
+INIT_HEAD = "import torch.distributed as dist\nimport torch_xla.distributed.xla_backend\n\n"
+
+
+@pytest.mark.parametrize(("code", "twin"), [
+    ('SCHEME = "xla"\ndist.init_process_group("xla", init_method=f"{SCHEME}://")\n',  # i03
+     'HOST = "h"\ndist.init_process_group("xla", init_method=f"tcp://{HOST}:29500")\n'),
+    ('KW = dict(init_method="xla://")\ndist.init_process_group("xla", **KW)\n',  # i08
+     'KW = dict(init_method="env://")\ndist.init_process_group("xla", **KW)\n'),
+    ('X = 0\ndist.init_process_group("xla", init_method="xla:" "//")\n',  # i05
+     'X = 0\ndist.init_process_group("xla", init_method="env:" "//")\n'),
+    ('HOST = "h"\ndist.init_process_group("xla", init_method="xla" + "://" + HOST)\n',  # i06
+     'HOST = "h"\ndist.init_process_group("xla", init_method="tcp://" + HOST)\n'),
+    ('X = 0\ndist.init_process_group("xla", init_method="{}://".format("xla"))\n',  # i10
+     'X = 0\ndist.init_process_group("xla", init_method="tcp://{}:1".format("h"))\n'),
+], ids=["i03-fstring", "i08-kwargs", "i05-concat", "i06-plus", "i10-format"])
+def test_rv32i_d5_an_xla_init_method_built_at_run_time_is_flagged(code: str, twin: str) -> None:
+    """rv32i i03, i08, i05, i06, i10: an init method that is no plain string (an f-string with the scheme in a
+    variable, `**KW` holding init_method="xla://", `"xla:" "//"`, `+`, `format`) kept XLA's rendezvous unflagged
+    (torch: no rendezvous handler for xla://). Flagged on the init line, left as it was, backend "neuron"; the
+    twins name another scheme (env://, tcp://) and are not."""
+    res = migrate_python(INIT_HEAD + code)
+    assert ("xla-init-method", 5) in [(f.rule, f.line) for f in res.flags]
+    assert 'init_process_group("neuron"' in res.code and code.split("(", 1)[1].split(", ", 1)[1] in res.code
+    clean = migrate_python(INIT_HEAD + twin)
+    assert not clean.flags and 'init_process_group("neuron"' in clean.code
+
+
+@pytest.mark.parametrize(("scheme", "flags"), [("xla://", [("xla-init-method", 1, 1)]), ("env://", [])])
+def test_rv32i_d5_an_init_method_named_in_an_earlier_notebook_cell_is_flagged(scheme: str, flags: list) -> None:
+    """rv32i n02: `INIT = "xla://"` in one cell, `init_process_group("xla", init_method=INIT)` in the next: each
+    cell was judged alone. The cells share one namespace, so what any cell names counts; the env:// twin is not
+    flagged."""
+    nb = _notebook("import torch.distributed as dist\nimport torch_xla.distributed.xla_backend\n"
+                   f'INIT = "{scheme}"\n', 'dist.init_process_group("xla", init_method=INIT)\n')
+    first = migrate_source(nb, "notebook")
+    assert [(f.rule, f.cell, f.line) for f in first.report.flags] == flags
+    assert 'dist.init_process_group("neuron", init_method=INIT)' in _cells(first.result)[1]
+    assert migrate_source(first.result, "notebook").result == first.result

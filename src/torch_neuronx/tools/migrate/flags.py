@@ -167,17 +167,10 @@ XLA_INIT_METHOD = FlagRule(
     "xla-init-method", "XLA's init_method \"xla://\" / \"pjrt://\" took the world from XLA's runtime, also one "
     "process alone with no launcher; the native env:// rendezvous needs torchrun's RANK and WORLD_SIZE. This call "
     "cannot become `neuron_init_group(world_of_one=True)` (its value is used, it has other options, options "
-    "follow the init_method by position, or the init_method is held in a variable): a literal one is dropped, a "
-    "variable is left as it is.",
+    "follow the init_method by position, or the init_method is no plain string: a variable, an f-string, an "
+    "expression, `**kwargs` that may hold it): a literal one is dropped, any other is left as it is.",
     "make it a statement of its own, `neuron_init_group(world_of_one=True)` (it starts torchrun's group, or alone "
     "a group of one), or run it under torchrun only.")
-GROUP_REINIT = FlagRule(
-    "xla-group-reinit", "This init_process_group can run after a destroy_process_group (later in the same "
-    "function, in a loop that destroys, or in a function called from one): re-creating the default group after "
-    "destroying it is what is flagged. Under torchrun the second \"neuron\" group failed to connect or hung in some "
-    "runs of the emulated backend and passed in others (a race not yet found), where XLA's runtime kept its world.",
-    "keep one process group for the whole run (drop the destroy / re-init pair), or use new_group() for a second "
-    "group.")
 SCRIPT_UNSURE = FlagRule(
     "xla-script-unsure", "The migration cannot tell whether this file is a script or a library: its module-level "
     "code calls something it does not know (not a function of this file, not an entry point like main()). A "

@@ -31,6 +31,7 @@ from torch_neuronx.tools.migrate.python import (
     might_need_migration,
     migrate_module,
 )
+from torch_neuronx.tools.migrate.registry import names_xla_init_method
 from torch_neuronx.tools.migrate.report import Flag, Rewrite
 from torch_neuronx.tools.migrate.shell import TODO, comment_block_above, migrate_shell
 
@@ -166,9 +167,11 @@ def migrate_notebook(text: str, target: Target = NEURON, spawn_scripts: set[str]
     # names that flagged code of any cell still uses: their imports stay in every cell (cells share one namespace)
     own_files = {i for i in parsed if _WRITES_A_FILE.match(cell_magics.get(i, ""))}
     keep: set[str] = set()
+    # the cells share one namespace: `INIT = "xla://"` in one cell, the init_process_group in the next (rv32i D5)
+    shared = {"xla_init_literal": any(names_xla_init_method(trees[i]) for i in parsed if i not in own_files)}
     for i, (module, _) in parsed.items():
         if i not in own_files:
-            _, ctx = migrate_module(module, aliases, target, cell=i, with_helpers=False, tree=trees[i])
+            _, ctx = migrate_module(module, aliases, target, cell=i, with_helpers=False, tree=trees[i], shared=shared)
             keep |= ctx.state.get("still_used", set())
     helper_names: set[str] = set()
     first_helper_cell = None
@@ -193,7 +196,7 @@ def migrate_notebook(text: str, target: Target = NEURON, spawn_scripts: set[str]
             migrated[i] = new
             continue
         new, ctx = migrate_module(module, aliases, target, cell=i, with_helpers=False, tree=trees[i],
-                                  keep_names=frozenset(keep))
+                                  keep_names=frozenset(keep), shared=shared)
         res.rewrites += ctx.rewrites
         res.flags += ctx.flags
         res.spawn = res.spawn or bool(ctx.state.get("spawn"))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import builtins
 import re
+import sys
 import textwrap
 from collections import Counter
 from collections.abc import Sequence
@@ -952,12 +953,15 @@ class PyResult:
 def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON, rules: Rules | None = None,
                    cell: int | None = None, with_helpers: bool = True,
                    tree: ast.AST | None = None, source: str | None = None,
-                   keep_names: frozenset[str] = frozenset()) -> tuple[cst.Module, Ctx]:
+                   keep_names: frozenset[str] = frozenset(),
+                   shared: dict[str, Any] | None = None) -> tuple[cst.Module, Ctx]:
     """Run the three passes on a parsed module. `with_helpers=False` leaves the helpers to the caller
     (a notebook inserts them once, in the first cell that needs one); `keep_names`: imported names that flagged
-    code elsewhere (a later notebook cell) still uses, whose imports stay."""
+    code elsewhere (a later notebook cell) still uses, whose imports stay; `shared`: facts of the whole file the
+    rules' `prepare` steps extend (a notebook's other cells: `xla_init_literal`)."""
     rules = rules or all_rules()
     ctx = Ctx(target, aliases, cell)
+    ctx.state.update(shared or {})
     module = _todos_to_first_statement(module)
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     ctx.state["called"] = _called_names_ast(tree) if tree is not None else _called_names(module)
@@ -1012,7 +1016,6 @@ def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON
         new = _start_group_first(new, starts)
     if unsure:
         new = _todo_after_helpers(new, flagmod.SCRIPT_UNSURE)
-    new = new.visit(_TodosAboveGuards())
     new = add_imports(new, ctx.imports, aliases if cell is not None else None)
     _open_todos(module, ctx, source)
     ctx.rewrites.sort(key=lambda r: r.line)
@@ -1020,8 +1023,10 @@ def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON
     return new, ctx
 
 
-# the names of a script's entry points (`main()`, `run()`, `trainer.train()`): calling one at module level runs it
-_ENTRY = re.compile(r"_?(main|run|train|training|fit|launch|cli|app|evaluate|eval|finetune|pretrain)(_\w+)?")
+# the names of a script's entry points, exactly (`main()`, `_run()`): calling one by its bare name at module level
+# runs it; a name that only starts like one (`app_config()`, `eval_transforms()`, `run_cleanup`) is no entry point
+# (rv32i D1: libraries call such functions of their own at import)
+_ENTRY = re.compile(r"_?(main|run|train|fit|launch|cli|app|evaluate|eval|finetune|pretrain)")
 # calls that a library module makes at its import too (a warning of a missing optional package, configuration)
 _QUIET_ROOTS = frozenset(("warnings", "logging", "logger", "log", "sys", "os", "print", "re", "collections",
                           "functools", "typing", "dataclasses", "enum", "namedtuple", "TypeVar", "partial"))
@@ -1099,11 +1104,12 @@ def _module_calls(stmt: ast.stmt, own: set[str], imported: dict[str, str]) -> li
 
 
 def _call_kind(call: ast.Call, own: set[str], imported: dict[str, str], discarded: bool = True) -> str:
-    """"sign": an entry point called by its bare name (`main()`, `app()`, `result = main()`; an imported one as a
-    statement: `TRAIN, TEST = train_test_split(...)` is no entry point), an XLA / torch.distributed
-    API (not an `is_*` test); "quiet": torch or the standard library (configuration, registration); "other":
-    anything else, also the file's other functions (`_register()`, `app = create_app()`) and entry-like names
-    on attributes (`MODEL.eval()`, `subprocess.run(...)`): a library does both at its import (rv32h D1)."""
+    """"sign": an entry point called by its bare name, exactly (`main()`, `app()`, `result = main()`; an imported
+    one as a statement: `TRAIN, TEST = train_test_split(...)` is no entry point; `CONFIG = app_config()`,
+    `eval(...)` neither: rv32i D1), an XLA / torch.distributed API (not an `is_*` test); "quiet": torch or the
+    standard library (configuration, registration: `atexit.register(run_cleanup)`, `subprocess.run(...)`);
+    "other": anything else, also the file's other functions (`_register()`, `app = create_app()`) and entry-like
+    names on attributes (`MODEL.eval()`): a library does both at its import (rv32h D1)."""
     parts: list[str] = []
     func: ast.expr = call.func
     while isinstance(func, ast.Attribute):
@@ -1114,12 +1120,14 @@ def _call_kind(call: ast.Call, own: set[str], imported: dict[str, str], discarde
     if not isinstance(func, ast.Name):  # `torch.ones(2).to("xla")`
         return "other"
     root, last = func.id, (parts or [func.id])[-1]
-    if not parts and _ENTRY.fullmatch(root) and (discarded or root not in imported):
+    builtin = root in _BUILTINS and root not in imported and root not in own  # `eval(...)`: Python's, no entry
+    if not parts and not builtin and _ENTRY.fullmatch(root) and (discarded or root not in imported):
         return "sign"
     qualname = ".".join([imported.get(root, root), *parts])
     if (in_family(qualname) or qualname.startswith("torch.distributed.")) and not last.startswith("is_"):
         return "sign"
-    if root in _QUIET_ROOTS or qualname.split(".")[0] == "torch" or (root in _BUILTINS and root not in imported):
+    stdlib = root in imported and qualname.split(".")[0] in sys.stdlib_module_names  # `atexit.register(f)`
+    if root in _QUIET_ROOTS or qualname.split(".")[0] == "torch" or builtin or stdlib:
         return "quiet"
     return "other"
 
@@ -1263,8 +1271,13 @@ class _GuardInits(cst.CSTTransformer):
         if "guard" in marks:
             self.ctx.need("torch")
             test = cst.parse_expression("not torch.distributed.is_initialized()")
-            inner = updated.with_changes(leading_lines=[])
-            return cst.If(test=test, body=cst.IndentedBlock(body=[inner]), leading_lines=updated.leading_lines)
+            # the statement's own TODOs stay on it, inside the guard, where a second migration raises them again
+            # (a TODO above the guard was added again inside it: rv32h D3)
+            lines = list(updated.leading_lines)
+            at = next((i for i, ln in enumerate(lines) if ln.comment is not None
+                       and ln.comment.value.startswith(TODO)), len(lines))
+            inner = updated.with_changes(leading_lines=lines[at:])
+            return cst.If(test=test, body=cst.IndentedBlock(body=[inner]), leading_lines=lines[:at])
         return updated
 
     def visit_Call(self, node: cst.Call) -> bool:
@@ -1288,40 +1301,6 @@ class _GuardInits(cst.CSTTransformer):
         keyword = first.keyword.value if first.keyword is not None else None
         return keyword in (None, "backend") and not first.star and string_matches(
             first.value, re.escape(self.ctx.target.backend))
-
-
-class _TodosAboveGuards(cst.CSTTransformer):
-    """A TODO on the statement inside an `if not torch.distributed.is_initialized():` guard goes above the guard,
-    where the first migration put it when it added the guard: a second migration then changes nothing (rv32h D3)."""
-
-    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
-        body = updated_node.body
-        if (not isinstance(body, cst.IndentedBlock) or not body.body or "is_initialized" not in
-                cst.Module(body=[]).code_for_node(updated_node.test)):
-            return updated_node
-        first = body.body[0]
-        inner = list(first.leading_lines)  # type: ignore[attr-defined]
-        todo = [i for i, ln in enumerate(inner) if ln.comment is not None and ln.comment.value.startswith(TODO)]
-        if not todo:
-            return updated_node
-        moved, kept, outer = [], [], list(updated_node.leading_lines)
-        present = {ln.comment.value for ln in outer if ln.comment is not None}
-        in_todo = False
-        for ln in inner:
-            value = ln.comment.value if ln.comment is not None else ""
-            in_todo = value.startswith(TODO) or (in_todo and value.startswith("#   "))
-            (moved if in_todo else kept).append(ln)
-        blocks: list[list[cst.EmptyLine]] = []
-        for ln in moved:
-            if ln.comment is not None and ln.comment.value.startswith(TODO):
-                blocks.append([])
-            blocks[-1].append(ln)
-        for block in blocks:
-            if block[0].comment is not None and block[0].comment.value not in present:
-                outer += block
-        new_first = first.with_changes(leading_lines=kept)
-        return updated_node.with_changes(leading_lines=outer,
-                                         body=body.with_changes(body=[new_first, *body.body[1:]]))
 
 
 def _called_names(module: cst.Module) -> set[str]:

@@ -231,6 +231,23 @@ def is_xla_string(node: cst.CSTNode) -> bool:
     return string_matches(node, r"xla(:\d+)?")
 
 
+# a "://" in a string piece, with the scheme before it if one is written there (`%s://`, `{}://`: none)
+_SCHEME_SEP = re.compile(r"([%{]?)([A-Za-z][A-Za-z0-9+.\-]*)?://")
+
+
+def names_xla_init_method(tree: ast.AST) -> bool:
+    """The code names XLA's rendezvous, or builds an init method whose scheme it does not write: a string (also an
+    f-string's literal part, or implicitly concatenated ones, which Python's parse joins) holding "xla://" or
+    "pjrt://", or a "://" with no scheme before it (`f"{SCHEME}://"`, `"xla" + "://"`, `"{}://".format("xla")`,
+    `"%s://"`). "env://", "tcp://host:1" name another scheme (rv32h D4, rv32i D5)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "://" in node.value:
+            for m in _SCHEME_SEP.finditer(node.value):
+                if m.group(1) or not m.group(2) or m.group(2).lower() in ("xla", "pjrt"):
+                    return True
+    return False
+
+
 # Expressions that bind at least as tightly as a call's callee, an attribute's value or an operand: they never
 # need parentheses where they replace a sub-expression.
 _ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.SimpleString, cst.ConcatenatedString,

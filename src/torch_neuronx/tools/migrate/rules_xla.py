@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Callable
 
 import libcst as cst
 
 from torch_neuronx.tools.migrate import flags as flagmod
-from torch_neuronx.tools.migrate import helpers as helpermod
 from torch_neuronx.tools.migrate.registry import (
     REMOVED,
     Ctx,
@@ -32,6 +30,7 @@ from torch_neuronx.tools.migrate.registry import (
     bind,
     is_literal,
     is_xla_string,
+    names_xla_init_method,
     parenthesised,
     split_args,
     string_matches,
@@ -632,98 +631,9 @@ def _xla_names(ctx: Ctx, module: cst.Module) -> None:
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
     ctx.state["xla_names"] = names
     ctx.state["xla_literal"] = any(isinstance(n, ast.Constant) and n.value == "xla" for n in ast.walk(tree))
-    ctx.state["reinit_lines"] = _reinit_lines(tree)
-    ctx.state["xla_init_literal"] = any(isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith(
-        ("xla://", "pjrt://")) for n in ast.walk(tree))
-
-
-def _is_destroy(node: ast.AST) -> bool:
-    """A `destroy_process_group(...)` call (`dist.destroy_process_group()`, imported by name)."""
-    return _called_last_name(node) == "destroy_process_group"
-
-
-def _called_last_name(node: ast.AST) -> str | None:
-    """The last name of what a call calls (`dist.init_process_group(...)`: "init_process_group"); None for others."""
-    if not isinstance(node, ast.Call):
-        return None
-    if isinstance(node.func, ast.Attribute):
-        return node.func.attr
-    return node.func.id if isinstance(node.func, ast.Name) else None
-
-
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
-_LOOPS = (ast.For, ast.AsyncFor, ast.While)
-
-
-def _scope_walk(nodes: list[ast.stmt]) -> list[ast.AST]:
-    """Every node of a body, not inside the functions or classes it defines (they run when called)."""
-    out: list[ast.AST] = []
-    todo: list[ast.AST] = [n for n in nodes if not isinstance(n, _SCOPES)]
-    while todo:
-        node = todo.pop()
-        out.append(node)
-        todo += [c for c in ast.iter_child_nodes(node) if not isinstance(c, _SCOPES)]
-    return out
-
-
-def _reinit_lines(tree: ast.AST) -> set[int]:
-    """The lines of the init_process_group calls that can run after a destroy_process_group (rv32h D2, D3): in
-    one body (the module's, a function's) after a destroy, or a call to a function of the file that destroys;
-    inside a loop that destroys; in a function that such a position calls (directly or through the file's other
-    functions: `for ...: setup(); ...; teardown()`). The order functions are defined in is not the order they
-    run in (`def cleanup(): destroy...` above `def main(): init...; cleanup()` is no re-init)."""
-    init_names = {"init_process_group"} | {a.asname for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-                                           for a in n.names if a.name == "init_process_group" and a.asname}
-    funcs = {n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-             and n.name not in helpermod.HELPERS}  # an inlined helper's init starts a group only if none runs
-    bodies = {name: _scope_walk(f.body) for name, f in funcs.items()}
-    destroyers = _closure(bodies, lambda n: _is_destroy(n))
-    initers = _closure(bodies, lambda n: _called_last_name(n) in init_names)
-
-    def destroys(node: ast.AST) -> bool:
-        return _is_destroy(node) or (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                                     and node.func.id in destroyers)
-
-    def inits(node: ast.AST) -> bool:
-        return _called_last_name(node) in init_names or (
-            isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in initers)
-
-    rerun: list[ast.AST] = []  # the init calls (direct or through a function of the file) that run again
-    for body in [getattr(tree, "body", []), *(f.body for f in funcs.values())]:
-        nodes = _scope_walk(body)
-        destroy_lines = [n.lineno for n in nodes if destroys(n)]
-        rerun += [n for n in nodes if inits(n) and any(line < n.lineno for line in destroy_lines)]
-        for loop in (n for n in nodes if isinstance(n, _LOOPS)):
-            inner = _scope_walk([loop])
-            if any(destroys(n) for n in inner):
-                rerun += [n for n in inner if inits(n)]
-    statement = {id(c): s.lineno for s in ast.walk(tree) if isinstance(s, ast.stmt) for c in ast.walk(s)}
-    lines: set[int] = set()
-    seen: set[str] = set()
-    while rerun:
-        call = rerun.pop()
-        if _called_last_name(call) in init_names:  # the innermost statement holding it: walked last
-            lines.add(statement.get(id(call), call.lineno))  # type: ignore[attr-defined]
-            continue
-        name = call.func.id  # type: ignore[attr-defined]
-        if name not in seen:
-            seen.add(name)
-            rerun += [n for n in bodies[name] if inits(n)]
-    return lines
-
-
-def _closure(bodies: dict[str, list[ast.AST]], direct: Callable[[ast.AST], bool]) -> set[str]:
-    """The functions of the file that do `direct` themselves or through calls to the file's other functions."""
-    found = {name for name, nodes in bodies.items() if any(direct(n) for n in nodes)}
-    grew = True
-    while grew:
-        grew = False
-        for name, nodes in bodies.items():
-            if name not in found and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-                                         and n.func.id in found for n in nodes):
-                found.add(name)
-                grew = True
-    return found
+    # a notebook's other cells may name it (`INIT = "xla://"` in one cell, the init in the next): the notebook
+    # passes what all its cells name (rv32i D5)
+    ctx.state["xla_init_literal"] = bool(ctx.state.get("xla_init_literal")) or names_xla_init_method(tree)
 
 
 RULES.prepare.append(_xla_names)
@@ -773,8 +683,6 @@ def _native_call(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None
                                              equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
         if qn != "torch.distributed.new_group" and _init_method_not_literal(ctx, args):
             ctx.flag(flagmod.XLA_INIT_METHOD, ctx.code(original).strip())
-        if qn != "torch.distributed.new_group" and _after_destroy(ctx) and ctx.target.backend != "gloo":
-            ctx.flag(flagmod.GROUP_REINIT, ctx.code(original).strip())
         for i, a in enumerate(args):
             if (a.keyword is None and i == 0) or (a.keyword is not None and a.keyword.value == "backend"):
                 if isinstance(a.value, cst.SimpleString) and a.value.evaluated_value == "xla":
@@ -849,22 +757,20 @@ def _positional_init_method(args: list[cst.Arg]) -> int | None:
 
 
 def _init_method_not_literal(ctx: Ctx, args: list[cst.Arg]) -> bool:
-    """The init_method is held in a variable (`INIT = "xla://"; init_process_group("xla", INIT)`) in a file that
-    names "xla://" or "pjrt://": it may be XLA's rendezvous at run time, which the native env:// is not (rv32h D4)."""
+    """The init_method is not one plain string (a variable, `INIT = "xla://"; init_process_group("xla", INIT)`, an
+    f-string, `"xla:" "//"`, an expression, or a `**KW` / `*ARGS` that may hold it) in a file that names XLA's
+    rendezvous or builds a scheme (`names_xla_init_method`): it may be XLA's xla:// at run time, which the native
+    env:// is not (rv32h D4, rv32i D5). Flagged, preferred to a silent wrong group."""
     if not ctx.state.get("xla_init_literal"):
         return False
     for i, a in enumerate(args):
-        if (a.keyword is None and not a.star and i == 1 and args[0].keyword is None and not args[0].star) or (
+        if a.star:  # `**KW` with KW = dict(init_method="xla://")
+            return True
+        if (a.keyword is None and i == 1 and args[0].keyword is None) or (
                 a.keyword is not None and a.keyword.value == "init_method"):
-            return not isinstance(a.value, (cst.SimpleString, cst.ConcatenatedString)) and not (
+            return not isinstance(a.value, cst.SimpleString) and not (
                 isinstance(a.value, cst.Name) and a.value.value == "None")
     return False
-
-
-def _after_destroy(ctx: Ctx) -> bool:
-    """This init_process_group can run after a destroy_process_group (`_reinit_lines`, rv32g item 7, rv32h D2).
-    By the line of the statement being migrated."""
-    return int(ctx.line or 0) in (ctx.state.get("reinit_lines") or set())
 
 
 def _only_native_backend(ctx: Ctx, args: list[cst.Arg]) -> bool:
