@@ -31,13 +31,23 @@ _BACKEND = "neuron"
 _backend_listeners: list[Callable[[Any], None]] = []
 
 
-# How many times this process has created a group of each name. c10d names the world group "0" again after
-# destroy_process_group(), so a group made anew would find the previous group's Gloo addresses still in the
-# launcher's store (torchrun's agent store outlives every process group) and connect to ports that are closed or
-# closing: the second init_process_group() then fails with "Connection refused" or hangs, by chance, as it does with
-# plain "gloo" (PyTorch 2.13). Every rank of a group creates it the same number of times, so the count gives each
-# incarnation its own keys in the store.
-_incarnations: dict[str, int] = {}
+# c10d names the world group "0" again after destroy_process_group(), so a group made anew would find the previous
+# group's Gloo addresses still in the launcher's store (torchrun's agent store outlives every process group) and
+# connect to ports that are closed or closing: the second init_process_group() then fails with "Connection refused"
+# or hangs, by chance, as it does with plain "gloo" (pytorch/pytorch#55967). Each rank counts its creations of the
+# group in the store itself (`_incarnation`), and from the second one on the group's keys get their own prefix. The
+# count lives exactly as long as the stale keys can: a fresh store starts at 1 for every rank, and a process that
+# replaces a rank on a store that lives on continues that rank's count, as the survivors' counts went on.
+_local_counts: dict[str, int] = {}
+
+
+def _incarnation(store, rank: int, group: str) -> int:  # type: ignore[no-untyped-def]
+    """This rank's creations of this group, counted in the store (in this process where a user's store has no add)."""
+    try:
+        return int(store.add(f"neuron_incarnation/{rank}", 1))
+    except (NotImplementedError, RuntimeError):
+        _local_counts[group] = _local_counts.get(group, 0) + 1
+        return _local_counts[group]
 
 
 def _create_backend(opts, _backend_options=None):  # type: ignore[no-untyped-def]
@@ -48,9 +58,8 @@ def _create_backend(opts, _backend_options=None):  # type: ignore[no-untyped-def
     from torch_neuronx.distributed.devices import setup_process_devices
 
     store, rank, size = opts.store, opts.group_rank, opts.group_size
-    incarnation = _incarnations.get(opts.group_id, 0)
-    _incarnations[opts.group_id] = incarnation + 1
-    if incarnation:
+    incarnation = _incarnation(store, rank, opts.group_id)
+    if incarnation > 1:
         store = dist.PrefixStore(f"neuron_incarnation_{incarnation}/", store)
     setup_process_devices(rank, size, store)
     backend = _C.ProcessGroupNeuron(dist.ProcessGroupGloo(store, rank, size, opts.timeout))
