@@ -153,16 +153,23 @@ def mesh2d_tp_fsdp_training() -> str:
 @checks
 def group_made_again_after_destroy() -> str:
     """Last (it remakes the world group): destroy_process_group() then init_process_group() again, three times,
-    with a mesh's subgroups each time. c10d reuses the group names and torchrun's store keeps the old groups' Gloo
-    addresses: before each incarnation had its own keys, about one launch in two failed ("Connection refused") or
-    hung here, as plain "gloo" still does."""
+    each world with a subgroup whose members change from one world to the next (rank 0 alone, then every rank:
+    c10d gives both the name "1") and a mesh. c10d reuses the group names and torchrun's store keeps the old groups'
+    Gloo addresses: before each world had its own keys, about one launch in two failed ("Connection refused") or
+    hung here, as plain "gloo" still does; with a count per group name, the changing subgroup hung (review rv32j)."""
     sums = []
-    for _ in range(3):
+    for phase in range(3):
         dist.destroy_process_group()
         dist.init_process_group("neuron")
         t = torch.full((2,), float(RANK + 1), device=dev())
         dist.all_reduce(t)
         assert_close(t.cpu(), torch.full((2,), WORLD * (WORLD + 1) / 2))
+        members = [0] if phase % 2 == 0 else list(range(WORLD))
+        sub = dist.new_group(members)  # every rank calls new_group; only members make its backend
+        if RANK in members:
+            v = torch.ones(2, device=dev())
+            dist.all_reduce(v, group=sub)
+            assert_close(v.cpu(), torch.full((2,), float(len(members))))
         mesh = mesh_2d() if WORLD == 4 else nd.init_mesh((WORLD,), ("dp",))  # 4 workers: subgroups made again
         u = torch.full((2,), 1.0, device=dev())
         dist.all_reduce(u, group=mesh.get_group(mesh.mesh_dim_names[-1]))

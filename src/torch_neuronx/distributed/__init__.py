@@ -31,23 +31,27 @@ _BACKEND = "neuron"
 _backend_listeners: list[Callable[[Any], None]] = []
 
 
-# c10d names the world group "0" again after destroy_process_group(), so a group made anew would find the previous
-# group's Gloo addresses still in the launcher's store (torchrun's agent store outlives every process group) and
-# connect to ports that are closed or closing: the second init_process_group() then fails with "Connection refused"
-# or hangs, by chance, as it does with plain "gloo" (pytorch/pytorch#55967). Each rank counts its creations of the
-# group in the store itself (`_incarnation`), and from the second one on the group's keys get their own prefix. The
-# count lives exactly as long as the stale keys can: a fresh store starts at 1 for every rank, and a process that
-# replaces a rank on a store that lives on continues that rank's count, as the survivors' counts went on.
-_local_counts: dict[str, int] = {}
+# c10d names the world group "0" again after destroy_process_group(), and its subgroups "1", "2", ... again, so a
+# group made anew would find the previous world's Gloo addresses under its name in the launcher's store (torchrun's
+# agent store outlives every process group) and connect to ports that are closed or closing: a second
+# init_process_group() then fails with "Connection refused" or hangs, by chance, as plain "gloo" does
+# (pytorch/pytorch#55967). Within one world c10d's group names are unique, so every group's keys get the world's
+# incarnation as a prefix. Each rank counts the worlds it made in the store itself: the count lives exactly as long
+# as the stale keys can (a fresh store starts at 1 for every rank; a process that replaces a rank on a store that
+# lives on continues that rank's count, as the survivors' counts went on). Every rank makes every world, where a
+# subgroup is made only by its members, so a count per group would differ between ranks.
+_world_incarnation = 1
+_local_worlds = 0
 
 
-def _incarnation(store, rank: int, group: str) -> int:  # type: ignore[no-untyped-def]
-    """This rank's creations of this group, counted in the store (in this process where a user's store has no add)."""
+def _count_world(store, rank: int) -> int:  # type: ignore[no-untyped-def]
+    """How many worlds this rank has made, counted in the store (in this process where a user's store has no add)."""
+    global _local_worlds
     try:
-        return int(store.add(f"neuron_incarnation/{rank}", 1))
+        return int(store.add(f"neuron_world_incarnation/{rank}", 1))
     except (NotImplementedError, RuntimeError):
-        _local_counts[group] = _local_counts.get(group, 0) + 1
-        return _local_counts[group]
+        _local_worlds += 1
+        return _local_worlds
 
 
 def _create_backend(opts, _backend_options=None):  # type: ignore[no-untyped-def]
@@ -57,10 +61,12 @@ def _create_backend(opts, _backend_options=None):  # type: ignore[no-untyped-def
     from torch_neuronx import _C
     from torch_neuronx.distributed.devices import setup_process_devices
 
+    global _world_incarnation
     store, rank, size = opts.store, opts.group_rank, opts.group_size
-    incarnation = _incarnation(store, rank, opts.group_id)
-    if incarnation > 1:
-        store = dist.PrefixStore(f"neuron_incarnation_{incarnation}/", store)
+    if not dist.is_initialized():  # the world group itself: c10d sets it as the default after making its backends
+        _world_incarnation = _count_world(store, rank)
+    if _world_incarnation > 1:
+        store = dist.PrefixStore(f"neuron_world_{_world_incarnation}/", store)
     setup_process_devices(rank, size, store)
     backend = _C.ProcessGroupNeuron(dist.ProcessGroupGloo(store, rank, size, opts.timeout))
     # TorchNeuron's bucketing of large all-gathers and reduce-scatters (bad values warn, naming the variable)
