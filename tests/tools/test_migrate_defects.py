@@ -2152,3 +2152,133 @@ def test_rv32i_d5_an_init_method_named_in_an_earlier_notebook_cell_is_flagged(sc
     assert [(f.rule, f.cell, f.line) for f in first.report.flags] == flags
     assert 'dist.init_process_group("neuron", init_method=INIT)' in _cells(first.result)[1]
     assert migrate_source(first.result, "notebook").result == first.result
+
+
+# rv32j D2: a library module judged a script started the group at its import; a native driver importing it then
+# calling init_process_group("gloo") failed ("trying to initialize the default process group twice!"). Under XLA,
+# importing it starts nothing.
+WORK = XM + "import torch\n\ndef work():\n    t = torch.ones(2, device=xm.xla_device())\n" \
+    "    return xm.all_reduce(xm.REDUCE_SUM, t)\n"
+
+
+@pytest.mark.parametrize("tail", [
+    "\ndef _selftest():\n    print(work())\n\nif __name__ == '__main__':\n    _selftest()\n",  # j07
+    "\nif __name__ == '__main__':\n    pass\n",  # a09t
+    "\nimport json\nwith open(CFG_PATH) as f:\n    CFG = json.load(f)\n",  # j17
+    "\nREG = {}\nfor _name in ('sum', 'mean'):\n    REG[_name] = _name.upper()\n",  # j18
+], ids=["j07-selftest", "a09t-empty-main", "j17-with-open", "j18-for-registry"])
+def test_rv32j_d2_a_library_with_a_main_block_loop_or_with_starts_no_group_at_import(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tail: str) -> None:
+    """j07, a09t, j17, j18: imported by a native driver that starts its own gloo group, the migrated library starts
+    none (torch's second init raises); its collective then runs on the driver's group. A second pass changes
+    nothing."""
+    res = migrate_python(WORK + tail, target=CPU)
+    assert STARTED not in res.code and not res.flags
+    assert migrate_python(res.code, target=CPU).code == res.code
+    seen = _fake_world_with_destroy(monkeypatch, 2)
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text('{"scale": 2}')
+    scope = _run(res.code, {"WORLD_SIZE": "2", "LOCAL_RANK": "0"}, monkeypatch, CFG_PATH=str(cfg))
+    assert seen["init"] == []  # importing it started nothing
+    torch.distributed.init_process_group("gloo")  # the driver's own group: no "twice" error
+    assert scope["work"]().tolist() == [2.0, 2.0] and seen["init"] == ["gloo"]
+
+
+MAIN_SCRIPT = WORK + "\ndef main():\n    STARTS.append(torch.distributed.is_initialized())\n    print(work())\n\n" \
+    "{top}if __name__ == '__main__':\n    main()\n"
+
+
+def test_rv32j_d2_a_main_block_starts_the_group_first_inside_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The twin of j07: a real script whose `__main__` block calls main(). The group starts as the block's first
+    statement, before main() uses the device; imported, it starts nothing; a one-line block too; a second pass is
+    byte-identical."""
+    for source in (MAIN_SCRIPT.format(top=""), MAIN_SCRIPT.format(top="").replace(":\n    main()", ": main()")):
+        res = migrate_python(source, target=CPU)
+        assert STARTED not in res.code and not res.flags
+        block = res.code[res.code.index("if __name__ == '__main__':"):]
+        assert block.index("    neuron_init_group()  #") < block.index("    main()")
+        assert migrate_python(res.code, target=CPU).code == res.code
+        seen = _fake_world_with_destroy(monkeypatch, 2)
+        starts: list[bool] = []
+        _run(res.code, {"WORLD_SIZE": "2", "LOCAL_RANK": "0"}, monkeypatch, __name__="__main__", STARTS=starts)
+        assert seen["init"] == ["gloo"] and starts == [True]
+        seen = _fake_world_with_destroy(monkeypatch, 2)
+        _run(res.code, {"WORLD_SIZE": "2", "LOCAL_RANK": "0"}, monkeypatch, STARTS=starts)
+        assert seen["init"] == []
+
+
+@pytest.mark.parametrize("top", [
+    'W = torch.ones(2, device="xla")\n\n',  # the device used at module level, above the block
+    "def build():\n    return torch.ones(2)\n\nMODEL = build()\n\n",  # the file's own code run at import
+    "for epoch in range(3):\n    train_step()\n\n",  # a training loop at module level: a script
+    "with torch.no_grad():\n    main()\n\n",  # a `with` calling the entry point
+])
+def test_rv32j_d2_code_run_at_import_keeps_the_group_at_module_level(top: str) -> None:
+    """A script that uses the device (or runs its own code) at module level above its `__main__` block, or whose
+    module-level loop or `with` calls its step or entry point, still starts the group at module level, before
+    that code; a second pass changes nothing."""
+    source = MAIN_SCRIPT.format(top=top).replace("\ndef main():", "\ndef train_step():\n    pass\n\ndef main():")
+    res = migrate_python(source, target=CPU)
+    assert STARTED in res.code and not res.flags
+    assert res.code.index(STARTED) < res.code.index(top.splitlines()[0].replace('"xla"', '"cpu"'))
+    assert "    neuron_init_group()  #" not in res.code
+    assert migrate_python(res.code, target=CPU).code == res.code
+
+
+@pytest.mark.parametrize(("tail", "script"), [
+    ("raise SystemExit(main())\n", True),  # j06
+    ("assert main() is None\n", True),  # j10
+    ("import cProfile\ncProfile.run('main()')\n", True),  # a03
+    ("import runpy\nrunpy.run_path('other.py')\n", True),
+    ("def train_step():\n    work()\n\nfor epoch in range(3):\n    train_step()\n", True),  # a loop: its step
+    ("import cProfile\ncProfile.run('sum([1])')\n", False),  # the twin: profiles no entry point
+    ("assert isinstance(main, object)\n", False),
+])
+def test_rv32j_an_entry_point_run_by_raise_assert_or_a_profiler_is_a_script(tail: str, script: bool) -> None:
+    """j06, j10, a03: `raise SystemExit(main())`, `assert run() is None`, `cProfile.run("main()")` ran the entry
+    point at import under XLA but were judged a library with no flag. They are scripts now (the group starts at
+    module level), as is a module-level `for epoch in range(3): train_step()`; the twins call no entry point and
+    stay a library."""
+    source = WORK + "\ndef main():\n    print(work())\n\n" + tail
+    res = migrate_python(source, target=CPU)
+    assert (STARTED in res.code) is script and not res.flags
+
+
+INIT_FORMS = "import torch.distributed as dist\nimport torch_xla.distributed.xla_backend\n\n"
+
+
+@pytest.mark.parametrize(("code", "twin"), [
+    ('S = "xla:"\ndist.init_process_group("xla", init_method=S + "//")\n',  # m15
+     'S = "env:"\ndist.init_process_group("xla", init_method=S + "//")\n'),
+    ('X = 0\ndist.init_process_group("xla", init_method="".join(["xla", ":", "//"]))\n',  # m11
+     'X = 0\ndist.init_process_group("xla", init_method="".join(["env", ":", "//"]))\n'),
+    ('X = 0\ndist.init_process_group("xla", init_method=b"xla://".decode())\n',  # m16
+     'X = 0\ndist.init_process_group("xla", init_method=b"env://".decode())\n'),
+], ids=["m15-scheme-var", "m11-join", "m16-bytes"])
+def test_rv32j_d3_an_xla_init_method_from_pieces_or_bytes_is_flagged(code: str, twin: str) -> None:
+    """m11, m15, m16: `"".join(["xla", ":", "//"])`, `S = "xla:"; S + "//"` and `b"xla://".decode()` name XLA's
+    rendezvous at run time (torch: no handler for xla://) but got no xla-init-method flag. Flagged now, left as
+    they were; the env:// twins are not."""
+    res = migrate_python(INIT_FORMS + code)
+    assert ("xla-init-method", 5) in [(f.rule, f.line) for f in res.flags]
+    clean = migrate_python(INIT_FORMS + twin)
+    assert "xla-init-method" not in [f.rule for f in clean.flags] and 'init_process_group("neuron"' in clean.code
+
+
+@pytest.mark.parametrize("scheme", ["XLA://", "Pjrt://"])
+def test_rv32j_d3_an_upper_case_xla_init_method_is_xlas_rendezvous(scheme: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """m12: torch's rendezvous() reads the scheme with urllib.parse.urlparse, which lowercases it, so "XLA://"
+    reached torch_xla's handler (torch/distributed/rendezvous.py). Migrated as the lowercase literal: alone a
+    group of one. The "ENV://" twin is kept as it is, unflagged."""
+    assert urllib_scheme(scheme) == scheme.lower().rstrip(":/")
+    res = migrate_python(INIT_FORMS + f'dist.init_process_group("xla", init_method="{scheme}")\n')
+    assert "neuron_init_group(world_of_one=True)" in res.code and not res.flags
+    twin = migrate_python(INIT_FORMS + 'dist.init_process_group("xla", init_method="ENV://")\n')
+    assert 'dist.init_process_group("neuron", init_method="ENV://")' in twin.code and not twin.flags
+
+
+def urllib_scheme(url: str) -> str:
+    """The scheme as torch's rendezvous() reads it."""
+    import urllib.parse
+    return urllib.parse.urlparse(url).scheme

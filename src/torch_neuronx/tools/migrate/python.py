@@ -987,7 +987,7 @@ def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON
     # the group first (rv32e items 3, 4): a collective's helper starts it, or the script starts its own XLA group
     # and uses the device (maybe before it)
     kind, unsure_line = _script_kind(module, tree) if with_helpers else ("library", 0)
-    script = kind == "script"
+    script = kind in ("script", "main")
     group_first = "neuron_init_group" in helpermod.closure(ctx.helpers) or bool(
         ctx.state.get("xla_init") and ctx.state.get("device_used"))
     early = script and group_first
@@ -1012,7 +1012,9 @@ def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON
     if with_helpers and ctx.helpers:
         new = insert_helpers(new, helpermod.closure(ctx.helpers), target)
     starts = [call for call, wanted in ((_EARLY_CALL, early), (_SET_DEVICE_CALL, own_core)) if wanted]
-    if starts:
+    if starts and early and kind == "main" and not _runs_code_at_import(module, tree, ctx):
+        new = _start_in_main_block(new, starts)  # importing the file starts nothing (rv32j D2)
+    elif starts:
         new = _start_group_first(new, starts)
     if unsure:
         new = _todo_after_helpers(new, flagmod.SCRIPT_UNSURE)
@@ -1034,16 +1036,19 @@ _BUILTINS = frozenset(dir(builtins))
 
 
 def _script_kind(module: cst.Module, tree: ast.AST | None = None) -> tuple[str, int]:
-    """("script" | "library" | "unsure", the line of the first call that left it unsure).
+    """("script" | "main" | "library" | "unsure", the line of the first call that left it unsure).
 
-    A script: an `if __name__ == "__main__":` block, a module-level loop or `with`, or module-level code (also
-    inside a module-level `if` / `try`, not in its `except` handlers) that calls a function of this file, an entry
-    point (`main()`, `result = main()`, `out = run()`: rv32f item 3, rv32g item 3) or an XLA / torch.distributed
-    API (`s = xm.all_reduce(...)`). Calls into torch or the standard library (registration, configuration:
-    `torch.serialization.add_safe_globals([...])`, `warnings.warn(...)`) are a library's too (rv32g item 4).
-    Unsure: a call as a statement into anything else, with no sign of a script. A library's helpers start the
-    group at their first collective: started at its import, it would collide with the importing script's own
-    `init_process_group`."""
+    A script: module-level code (also inside a module-level `if` / `try` / loop / `with`, not in its `except`
+    handlers) that calls an entry point (`main()`, `result = main()`, `out = run()`, `raise SystemExit(main())`,
+    `assert run() is None`, `cProfile.run("main()")`: rv32f item 3, rv32g item 3, rv32j), an XLA /
+    torch.distributed API (`s = xm.all_reduce(...)`), or in a loop the file's own step (`for e in range(3):
+    train_step()`). A module-level loop or `with` alone is none (`with open(cfg) as f: CFG = json.load(f)`, a
+    loop filling a registry: rv32j D2). "main": an `if __name__ == "__main__":` block that does something is the
+    only sign: the group starts inside it, and importing the file starts nothing (rv32j D2). Calls into torch or
+    the standard library (registration, configuration: `torch.serialization.add_safe_globals([...])`,
+    `warnings.warn(...)`) are a library's too (rv32g item 4). Unsure: a call as a statement into anything else,
+    with no sign of a script. A library's helpers start the group at their first collective: started at its
+    import, it would collide with the importing script's own `init_process_group`."""
     if tree is None:
         try:
             tree = ast.parse(module.code)
@@ -1053,16 +1058,31 @@ def _script_kind(module: cst.Module, tree: ast.AST | None = None) -> tuple[str, 
     own = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     imported = _module_imports(body)
     unsure = 0
+    main_block = False
     for stmt in body:
-        if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)):
-            return "script", 0
-        if isinstance(stmt, ast.If) and "__main__" in ast.unparse(stmt.test):
-            return "script", 0
+        if _is_main_test(stmt):
+            if stmt.orelse:  # its `else` runs at import
+                return "script", 0
+            main_block = main_block or _does_something(stmt.body)
+            continue
         for kind, line in _module_calls(stmt, own, imported):
             if kind == "sign":
                 return "script", 0
             unsure = unsure or line
+    if main_block:  # a call of unknown effect at module level: started there, as before
+        return ("script", 0) if unsure else ("main", 0)
     return ("unsure", unsure) if unsure else ("library", 0)
+
+
+def _is_main_test(stmt: ast.stmt) -> bool:
+    """`if __name__ == "__main__":` (any test naming "__main__")."""
+    return isinstance(stmt, ast.If) and "__main__" in ast.unparse(stmt.test)
+
+
+def _does_something(body: Sequence[ast.stmt]) -> bool:
+    """A block that holds more than `pass`, `...` or a string."""
+    return any(not (isinstance(s, ast.Pass) or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)))
+               for s in body)
 
 
 def _module_imports(body: Sequence[ast.stmt]) -> dict[str, str]:
@@ -1079,37 +1099,64 @@ def _module_imports(body: Sequence[ast.stmt]) -> dict[str, str]:
     return out
 
 
-def _module_calls(stmt: ast.stmt, own: set[str], imported: dict[str, str]) -> list[tuple[str, int]]:
+def _headers(stmt: ast.stmt) -> list[ast.expr]:
+    """The header of a loop or `with`: what it iterates, tests or enters."""
+    if isinstance(stmt, (ast.For, ast.AsyncFor)):
+        return [stmt.iter]
+    if isinstance(stmt, ast.While):
+        return [stmt.test]
+    if isinstance(stmt, (ast.With, ast.AsyncWith)):
+        return [item.context_expr for item in stmt.items]
+    return []
+
+
+def _module_calls(stmt: ast.stmt, own: set[str], imported: dict[str, str],
+                  in_loop: bool = False) -> list[tuple[str, int]]:
     """("sign" | "other", line) for the calls that module-level code makes in `stmt`: its own blocks, not its
     `except` handlers, nor functions or classes defined there. "other": a call as a statement into something
-    unknown; quiet calls and unknown calls whose value is assigned are left out."""
+    unknown; quiet calls and unknown calls whose value is assigned are left out. `in_loop`: `stmt` is in a
+    module-level loop, where the file's own `train_step()` runs the training too."""
     out: list[tuple[str, int]] = []
     if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)):
         return out
-    if isinstance(stmt, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign)):
-        value = stmt.value
+    if isinstance(stmt, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Raise, ast.Assert)):
+        # `raise SystemExit(main())`, `assert run() is None` run the file's entry point as an assignment does (rv32j)
+        discarded = isinstance(stmt, ast.Expr)
+        value = stmt.test if isinstance(stmt, ast.Assert) else getattr(stmt, "value", getattr(stmt, "exc", None))
         if value is None:
             return out
         for node in ast.walk(value):
             if isinstance(node, ast.Call):
-                kind = _call_kind(node, own, imported, discarded=isinstance(stmt, ast.Expr))
+                kind = _call_kind(node, own, imported, discarded=discarded, in_loop=in_loop)
                 if kind == "sign" or (kind == "other" and isinstance(stmt, ast.Expr) and node is value):
                     out.append((kind, node.lineno))
         return out
+    loop = in_loop or isinstance(stmt, (ast.For, ast.AsyncFor, ast.While))
+    for header in _headers(stmt):
+        for node in ast.walk(header):
+            if isinstance(node, ast.Call) and _call_kind(node, own, imported, discarded=False) == "sign":
+                out.append(("sign", node.lineno))  # `for batch in pl.MpDeviceLoader(...)`, `with xm.step():`
     blocks = [getattr(stmt, name, []) for name in ("body", "orelse", "finalbody")]
     for block in blocks:
         for inner in block if isinstance(block, list) else []:
-            out += _module_calls(inner, own, imported)
+            out += _module_calls(inner, own, imported, loop)
     return out
 
 
-def _call_kind(call: ast.Call, own: set[str], imported: dict[str, str], discarded: bool = True) -> str:
+# a string of code that calls a function by its bare name: `cProfile.run("main()")`, `exec("run()")`
+_CODE_CALL = re.compile(r"\s*(\w+)\s*\(.*\)\s*", re.S)
+
+
+def _call_kind(call: ast.Call, own: set[str], imported: dict[str, str], discarded: bool = True,
+               in_loop: bool = False) -> str:
     """"sign": an entry point called by its bare name, exactly (`main()`, `app()`, `result = main()`; an imported
     one as a statement: `TRAIN, TEST = train_test_split(...)` is no entry point; `CONFIG = app_config()`,
-    `eval(...)` neither: rv32i D1), an XLA / torch.distributed API (not an `is_*` test); "quiet": torch or the
-    standard library (configuration, registration: `atexit.register(run_cleanup)`, `subprocess.run(...)`);
-    "other": anything else, also the file's other functions (`_register()`, `app = create_app()`) and entry-like
-    names on attributes (`MODEL.eval()`): a library does both at its import (rv32h D1)."""
+    `eval(...)` neither: rv32i D1), in a loop the file's own function named like one (`train_step()`), the code
+    `"main()"` given to a call (`cProfile.run`, `exec`), `runpy`, an XLA / torch.distributed API (not an `is_*`
+    test); "quiet": torch or the standard library (configuration, registration: `atexit.register(run_cleanup)`,
+    `subprocess.run(...)`); "other": anything else, also the file's other functions (`_register()`, `app =
+    create_app()`) and entry-like names on attributes (`MODEL.eval()`): a library does both at its import (rv32h
+    D1)."""
     parts: list[str] = []
     func: ast.expr = call.func
     while isinstance(func, ast.Attribute):
@@ -1117,19 +1164,31 @@ def _call_kind(call: ast.Call, own: set[str], imported: dict[str, str], discarde
         func = func.value
     if discarded and any(isinstance(a, ast.Name) and a.id in own and _ENTRY.fullmatch(a.id) for a in call.args):
         return "sign"  # `fire.Fire(main)`, `typer.run(main)`: a launcher given the file's entry point
+    if any(_runs_entry(a, own) for a in call.args):
+        return "sign"  # `cProfile.run("main()")`: the profiler runs it (rv32j)
     if not isinstance(func, ast.Name):  # `torch.ones(2).to("xla")`
         return "other"
     root, last = func.id, (parts or [func.id])[-1]
     builtin = root in _BUILTINS and root not in imported and root not in own  # `eval(...)`: Python's, no entry
     if not parts and not builtin and _ENTRY.fullmatch(root) and (discarded or root not in imported):
         return "sign"
+    if not parts and in_loop and root in own and _ENTRY.match(root):
+        return "sign"  # `for epoch in range(3): train_step()`
     qualname = ".".join([imported.get(root, root), *parts])
-    if (in_family(qualname) or qualname.startswith("torch.distributed.")) and not last.startswith("is_"):
+    if (in_family(qualname) or qualname.startswith(("torch.distributed.", "runpy."))) and not last.startswith("is_"):
         return "sign"
     stdlib = root in imported and qualname.split(".")[0] in sys.stdlib_module_names  # `atexit.register(f)`
     if root in _QUIET_ROOTS or qualname.split(".")[0] == "torch" or builtin or stdlib:
         return "quiet"
     return "other"
+
+
+def _runs_entry(code: ast.expr, own: set[str]) -> bool:
+    """A string constant of code that calls the file's entry point by its bare name (`"main()"`)."""
+    if not (isinstance(code, ast.Constant) and isinstance(code.value, str)):
+        return False
+    match = _CODE_CALL.fullmatch(code.value)
+    return match is not None and match.group(1) in own and _ENTRY.fullmatch(match.group(1)) is not None
 
 
 def _rebinds_os(tree: ast.AST | None, module: cst.Module) -> bool:
@@ -1173,7 +1232,9 @@ def _start_group_first(module: cst.Module, calls: Sequence[str]) -> cst.Module:
     they do nothing."""
     body = list(module.body)
     present = set()
-    for stmt in body:
+    main_blocks = [s.body.body for s in body if isinstance(s, cst.If) and isinstance(s.body, cst.IndentedBlock)
+                   and "__main__" in module.code_for_node(s.test)]  # put there by `_start_in_main_block`
+    for stmt in [*body, *(inner for block in main_blocks for inner in block)]:
         first = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) else None
         if isinstance(first, cst.Expr) and isinstance(first.value, cst.Call) and not first.value.args:
             present.add(dotted(first.value.func))
@@ -1189,6 +1250,70 @@ def _start_group_first(module: cst.Module, calls: Sequence[str]) -> cst.Module:
         stmts[0] = stmts[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
     body[settings_end:settings_end] = stmts
     return module.with_changes(body=body)
+
+
+def _runs_code_at_import(module: cst.Module, tree: ast.AST | None, ctx: Ctx) -> bool:
+    """Module-level code outside the `__main__` block that may use the device at import, before the block's group
+    start: a statement (also a decorator, a default, a class body) with a rewrite or flag of its own
+    (`W = torch.ones(2, device="xla")`), or one calling a function of the file (`MODEL = build()`). The group is
+    then started at module level, as before."""
+    if tree is None:
+        try:
+            tree = ast.parse(module.code)
+        except SyntaxError:
+            return True
+    body = getattr(tree, "body", [])
+    own = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    imports = {n.lineno for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    marked = {r.line for r in ctx.rewrites} | {f.line for f in ctx.flags}
+    marked -= imports
+    for node in _import_time_nodes(body):
+        lines = set(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+        if lines & marked:
+            return True
+        if any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in own
+               for c in ast.walk(node)):
+            return True
+    return False
+
+
+def _import_time_nodes(body: Sequence[ast.stmt]) -> list[ast.AST]:
+    """What runs when the module is imported, but the `__main__` block, imports and function bodies: statements,
+    decorators, defaults, base classes and class bodies."""
+    out: list[ast.AST] = []
+    for stmt in body:
+        if _is_main_test(stmt) or isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out += [*stmt.decorator_list, *stmt.args.defaults, *(d for d in stmt.args.kw_defaults if d is not None)]
+        elif isinstance(stmt, ast.ClassDef):
+            out += [*stmt.decorator_list, *stmt.bases, *(k.value for k in stmt.keywords)]
+            out += _import_time_nodes(stmt.body)
+        else:
+            out.append(stmt)
+    return out
+
+
+def _start_in_main_block(module: cst.Module, calls: Sequence[str]) -> cst.Module:
+    """The group start as the first statements of the `if __name__ == "__main__":` block: before any device use
+    there, and not at the file's import (rv32j D2). A second migration adds none."""
+    body = list(module.body)
+    for i, stmt in enumerate(body):
+        if not (isinstance(stmt, cst.If) and "__main__" in module.code_for_node(stmt.test)):
+            continue
+        block = stmt.body
+        inner = list(block.body) if isinstance(block, cst.IndentedBlock) else [cst.SimpleStatementLine(
+            body=list(block.body))]
+        present = {dotted(s.body[0].value.func) for s in inner if isinstance(s, cst.SimpleStatementLine)
+                   and isinstance(s.body[0], cst.Expr) and isinstance(s.body[0].value, cst.Call)}
+        todo = [call for call in calls if call.split("(")[0] not in present]
+        if not todo:
+            return module
+        new_block = cst.IndentedBlock(body=[*(cst.parse_statement(call) for call in todo), *inner]) if not isinstance(
+            block, cst.IndentedBlock) else block.with_changes(body=[*(cst.parse_statement(c) for c in todo), *inner])
+        body[i] = stmt.with_changes(body=new_block)
+        return module.with_changes(body=body)
+    return _start_group_first(module, calls)
 
 
 # what a module's leading settings may call: the environment and the import path

@@ -236,16 +236,44 @@ _SCHEME_SEP = re.compile(r"([%{]?)([A-Za-z][A-Za-z0-9+.\-]*)?://")
 
 
 def names_xla_init_method(tree: ast.AST) -> bool:
-    """The code names XLA's rendezvous, or builds an init method whose scheme it does not write: a string (also an
-    f-string's literal part, or implicitly concatenated ones, which Python's parse joins) holding "xla://" or
-    "pjrt://", or a "://" with no scheme before it (`f"{SCHEME}://"`, `"xla" + "://"`, `"{}://".format("xla")`,
-    `"%s://"`). "env://", "tcp://host:1" name another scheme (rv32h D4, rv32i D5)."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "://" in node.value:
-            for m in _SCHEME_SEP.finditer(node.value):
-                if m.group(1) or not m.group(2) or m.group(2).lower() in ("xla", "pjrt"):
-                    return True
-    return False
+    """The code names XLA's rendezvous, or builds an init method whose scheme it does not write: a string or bytes
+    constant (also an f-string's literal part, or implicitly concatenated ones, which Python's parse joins) holding
+    "xla://" or "pjrt://" in any case, or a "://" with no scheme before it (`f"{SCHEME}://"`, `"xla" + "://"`,
+    `"{}://".format("xla")`, `"%s://"`), or pieces of one: a constant holding "xla:" / "pjrt:" (`S = "xla:";
+    S + "//"`), or an "xla" / "pjrt" piece and one starting "//" in one list or `+` (`"".join(["xla", ":", "//"])`).
+    Conservative: "xla:0" counts too. "env://", "tcp://host:1" name another scheme (rv32h D4, rv32i D5, rv32j D3)."""
+    texts = [_constant_text(node) for node in ast.walk(tree) if isinstance(node, ast.Constant)]
+    texts = [t.lower() for t in texts if t is not None]
+    for text in texts:
+        for m in _SCHEME_SEP.finditer(text):
+            if m.group(1) or not m.group(2) or m.group(2) in ("xla", "pjrt"):
+                return True
+        if "xla:" in text or "pjrt:" in text:
+            return True
+    return any(_joins_a_scheme(node) for node in ast.walk(tree) if isinstance(node, (ast.List, ast.Tuple, ast.BinOp)))
+
+
+def _joins_a_scheme(node: ast.List | ast.Tuple | ast.BinOp) -> bool:
+    """A list, tuple or `+` chain of constants with an "xla" / "pjrt" piece and a piece starting "//"."""
+    leaves: list[ast.expr] = []
+    todo: list[ast.expr] = list(node.elts) if isinstance(node, (ast.List, ast.Tuple)) else [node]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, ast.BinOp) and isinstance(item.op, ast.Add):
+            todo += [item.left, item.right]
+        else:
+            leaves.append(item)
+    texts = [(_constant_text(leaf) or "").lower() for leaf in leaves if isinstance(leaf, ast.Constant)]
+    return any(t in ("xla", "pjrt") for t in texts) and any(t.startswith("//") for t in texts)
+
+
+def _constant_text(node: ast.Constant) -> str | None:
+    """A str constant, or a bytes one read as Latin-1 (`b"xla://".decode()`); None for other constants."""
+    if isinstance(node.value, str):
+        return node.value
+    if isinstance(node.value, bytes):
+        return node.value.decode("latin-1")
+    return None
 
 
 # Expressions that bind at least as tightly as a call's callee, an attribute's value or an operand: they never

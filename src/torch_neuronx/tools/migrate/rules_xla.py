@@ -692,7 +692,7 @@ def _native_call(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None
         keep = []
         for a in args:
             if (a.keyword is not None and a.keyword.value == "init_method" and isinstance(a.value, cst.SimpleString)
-                    and str(a.value.evaluated_value).startswith(("xla://", "pjrt://"))):
+                    and _names_xla_rendezvous(a.value)):
                 changed = True
                 continue
             keep.append(a)
@@ -746,12 +746,20 @@ def _backend_not_literal(ctx: Ctx, args: list[cst.Arg]) -> bool:
     return False
 
 
+def _names_xla_rendezvous(value: cst.SimpleString) -> bool:
+    """A plain string naming XLA's rendezvous, in any case: torch's `rendezvous()` reads the scheme through
+    `urllib.parse.urlparse`, which lowercases it, so `"XLA://"` reached torch_xla's `xla` handler (torch
+    torch/distributed/rendezvous.py; rv32j D3). A bytes literal is no init method torch accepts: not this."""
+    text = value.evaluated_value
+    return isinstance(text, str) and text.lower().startswith(("xla://", "pjrt://"))
+
+
 def _positional_init_method(args: list[cst.Arg]) -> int | None:
     """The index of an XLA init_method given by position: torch's signature is init_process_group(backend=None,
     init_method=None, ...), so `init_process_group("xla", "xla://")` names it second (rv32g item 5)."""
     if len(args) > 1 and args[0].keyword is None and not args[0].star and args[1].keyword is None and not args[1].star:
         value = args[1].value
-        if isinstance(value, cst.SimpleString) and str(value.evaluated_value).startswith(("xla://", "pjrt://")):
+        if isinstance(value, cst.SimpleString) and _names_xla_rendezvous(value):
             return 1
     return None
 
