@@ -98,3 +98,37 @@ def test_init_mesh_checks_the_process_count() -> None:
     r = subprocess.run([sys.executable, "-c", INIT_MESH], env=BASE_ENV, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[-2] == "[1.0, 1.0]", r.stdout
+
+
+GROWING_WORLD = r"""
+import sys, torch, torch.distributed as dist
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=__import__("datetime").timedelta(seconds=60))
+if rank == 0:  # a world of rank 0 alone first, on the same store
+    dist.init_process_group("neuron", store=store, rank=0, world_size=1)
+    t = torch.ones(2, device="neuron"); dist.all_reduce(t); assert t.tolist() == [1.0, 1.0], t
+    dist.destroy_process_group()
+    store.set("alone_done", "1")
+else:
+    store.wait(["alone_done"])
+dist.init_process_group("neuron", store=store, rank=rank, world_size=2)
+t = torch.ones(2, device="neuron"); dist.all_reduce(t)
+g = dist.new_group([0, 1], use_local_synchronization=True)  # made, destroyed and made again under one hashed name
+dist.destroy_process_group(g)
+g = dist.new_group([0, 1], use_local_synchronization=True)
+u = torch.ones(2, device="neuron"); dist.all_reduce(u, group=g)
+print(t.tolist(), u.tolist())
+dist.destroy_process_group()
+"""
+
+
+def test_a_store_that_outlives_its_worlds(tmp_path: Path) -> None:
+    """Review rvd1: one user TCPStore, a world of rank 0 alone and then one of two ranks (a count of the worlds
+    each rank made would differ: rank 0 waited for keys rank 1 never wrote), and a subgroup destroyed and made
+    again inside one world (c10d gives it the same hashed name: 'Connection reset' or a hang before)."""
+    port = free_port()
+    procs = run_processes([([sys.executable, "-c", GROWING_WORLD, str(r), str(port)], {}) for r in (0, 1)],
+                          tmp_path, timeout=150, fail_fast=True)
+    for p in procs:
+        assert p.rc == 0, p.log()
+        assert p.out.split("\n")[-2] == "[2.0, 2.0] [2.0, 2.0]", p.log()

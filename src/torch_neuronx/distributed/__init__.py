@@ -31,27 +31,28 @@ _BACKEND = "neuron"
 _backend_listeners: list[Callable[[Any], None]] = []
 
 
-# c10d names the world group "0" again after destroy_process_group(), and its subgroups "1", "2", ... again, so a
-# group made anew would find the previous world's Gloo addresses under its name in the launcher's store (torchrun's
-# agent store outlives every process group) and connect to ports that are closed or closing: a second
-# init_process_group() then fails with "Connection refused" or hangs, by chance, as plain "gloo" does
-# (pytorch/pytorch#55967). Within one world c10d's group names are unique, so every group's keys get the world's
-# incarnation as a prefix. Each rank counts the worlds it made in the store itself: the count lives exactly as long
-# as the stale keys can (a fresh store starts at 1 for every rank; a process that replaces a rank on a store that
-# lives on continues that rank's count, as the survivors' counts went on). Every rank makes every world, where a
-# subgroup is made only by its members, so a count per group would differ between ranks.
-_world_incarnation = 1
-_local_worlds = 0
+# c10d names the world group "0" again after destroy_process_group(), and its subgroups "1", "2", ... again (a
+# subgroup named by a hash of its ranks even within one world, once a subgroup was destroyed), so a group made anew
+# would find an earlier group's Gloo addresses under its name in the store (torchrun's agent store, or a user's
+# store, outlives every process group) and connect to ports that are closed or closing: "Connection refused", or a
+# hang, by chance, as plain "gloo" does (pytorch/pytorch#55967). So every group gets keys of its own: the world's
+# generation and the group's generation within that world go into its store prefix. A generation is agreed through
+# the store without a barrier: every member adds 1 to an arrival counter of the group's name and size, and all
+# members of one incarnation arrive before any member can arrive for the next one (making a group waits for all its
+# members), so arrivals (n - 1) // size + 1 name the same incarnation on every rank. A fresh store starts at one; a
+# process that replaces a rank on a store that lives on arrives in the same generation as the survivors.
+_world = "none"  # the current world: "<size>x<generation>"
+_local_counts: dict[str, int] = {}
 
 
-def _count_world(store, rank: int) -> int:  # type: ignore[no-untyped-def]
-    """How many worlds this rank has made, counted in the store (in this process where a user's store has no add)."""
-    global _local_worlds
+def _generation(store, key: str, size: int) -> int:  # type: ignore[no-untyped-def]
+    """Which incarnation of a group of `size` members this is, from its arrival counter `key` in the store."""
     try:
-        return int(store.add(f"neuron_world_incarnation/{rank}", 1))
-    except (NotImplementedError, RuntimeError):
-        _local_worlds += 1
-        return _local_worlds
+        arrivals = int(store.add(key, 1))
+    except (NotImplementedError, RuntimeError):  # a user's store without add(): count in this process
+        _local_counts[key] = _local_counts.get(key, 0) + size
+        arrivals = _local_counts[key]
+    return (arrivals - 1) // size + 1
 
 
 def _create_backend(opts, _backend_options=None):  # type: ignore[no-untyped-def]
@@ -61,12 +62,14 @@ def _create_backend(opts, _backend_options=None):  # type: ignore[no-untyped-def
     from torch_neuronx import _C
     from torch_neuronx.distributed.devices import setup_process_devices
 
-    global _world_incarnation
+    global _world
     store, rank, size = opts.store, opts.group_rank, opts.group_size
     if not dist.is_initialized():  # the world group itself: c10d sets it as the default after making its backends
-        _world_incarnation = _count_world(store, rank)
-    if _world_incarnation > 1:
-        store = dist.PrefixStore(f"neuron_world_{_world_incarnation}/", store)
+        _world = f"{size}x{_generation(store, f'neuron_worlds_of_{size}', size)}"
+        store = dist.PrefixStore(f"neuron_world_{_world}/", store)
+    else:  # a subgroup: its store is already under its name; worlds and re-made names apart
+        made = _generation(store, f"neuron_world_{_world}_groups_of_{size}", size)
+        store = dist.PrefixStore(f"neuron_world_{_world}_group_{made}/", store)
     setup_process_devices(rank, size, store)
     backend = _C.ProcessGroupNeuron(dist.ProcessGroupGloo(store, rank, size, opts.timeout))
     # TorchNeuron's bucketing of large all-gathers and reduce-scatters (bad values warn, naming the variable)

@@ -36,13 +36,20 @@ def _env_int(name: str) -> int | None:
     return int(text)
 
 
+def _publish_host(rank: int, store) -> str:  # type: ignore[no-untyped-def]
+    """Say in the group's store which host this rank runs on (each group has keys of its own)."""
+    host = socket.gethostname()
+    if _env_int("LOCAL_RANK") is None or _env_int("LOCAL_WORLD_SIZE") is None:
+        store.set(f"neuron_local_layout/{rank}", host)
+    return host
+
+
 def _local_layout(rank: int, world_size: int, store) -> tuple[int, int]:  # type: ignore[no-untyped-def]
     """(local rank, local world size): torchrun's variables, else the ranks that share this host, in rank order."""
     local_rank, local_world_size = _env_int("LOCAL_RANK"), _env_int("LOCAL_WORLD_SIZE")
     if local_rank is not None and local_world_size is not None:
         return local_rank, local_world_size
-    host = socket.gethostname()
-    store.set(f"neuron_local_layout/{rank}", host)
+    host = _publish_host(rank, store)
     keys = [f"neuron_local_layout/{i}" for i in range(world_size)]
     store.wait(keys, timedelta(minutes=5))
     on_this_host = [i for i, key in enumerate(keys) if store.get(key).decode() == host]
@@ -52,7 +59,8 @@ def _local_layout(rank: int, world_size: int, store) -> tuple[int, int]:  # type
 def setup_process_devices(rank: int, world_size: int, store) -> None:  # type: ignore[no-untyped-def]
     """Bind this process to neuron:LOCAL_RANK, once, when its first "neuron" process group is created."""
     global _done
-    if _done:
+    if _done:  # bound already; a rank new to this group may still be grouping the ranks by host
+        _publish_host(rank, store)
         return
     if _C._is_initialized():
         raise AssertionError(
