@@ -2282,3 +2282,71 @@ def urllib_scheme(url: str) -> str:
     """The scheme as torch's rendezvous() reads it."""
     import urllib.parse
     return urllib.parse.urlparse(url).scheme
+
+
+@pytest.mark.parametrize("top", [
+    "class Net(torch.nn.Module):\n    @classmethod\n    def create(cls):\n"
+    "        return torch.ones(2, device=xm.xla_device())\n\nMODEL = Net.create()\n\n",  # k11: an attribute call
+    "FACTORY = {'w': lambda: torch.ones(2, device=xm.xla_device())}\nW = FACTORY['w']()\n\n",  # k12
+    "from common_mod import DEVICE\nMODEL = torch.nn.Linear(2, 2).to(DEVICE)\n\n",  # k21: an imported device
+    "def warmup(f):\n    torch.ones(2, device=xm.xla_device())\n    return f\n\n"
+    "@warmup\ndef step():\n    pass\n\n",  # k23: a plain-name decorator
+], ids=["k11-classmethod", "k12-factory", "k21-to-device", "k23-plain-decorator"])
+def test_rv32k_d2_code_that_may_use_the_device_at_import_keeps_the_start_at_module_level(top: str) -> None:
+    """rv32k k11, k12, k21, k23: device use at import that no rewrite marked (an attribute call, a call through a
+    subscript, `.to(...)` of an imported device, a plain-name decorator) went unseen, and the start moved into the
+    `__main__` block, after that use: "Neuron runtime should not be initialized before the init_process_group" on
+    2 ranks. Only imports, definitions, constants and standard-library calls let it move now."""
+    res = migrate_python(MAIN_SCRIPT.format(top=top), target=CPU)
+    assert STARTED in res.code and "    neuron_init_group()  #" not in res.code
+    assert migrate_python(res.code, target=CPU).code == res.code
+
+
+def test_rv32k_d2_harmless_module_code_still_lets_the_start_move_into_the_block() -> None:
+    """The twin: constants, a stdlib call and a stdlib decorator above the block run nothing of the device's."""
+    top = ("import sys\nimport dataclasses\nsys.path.insert(0, '.')\nSIZES = (1, 2)\n\n"
+           "@dataclasses.dataclass\nclass Cfg:\n    lr: float = 0.1\n\n")
+    res = migrate_python(MAIN_SCRIPT.format(top=top), target=CPU)
+    assert STARTED not in res.code and "    neuron_init_group()  #" in res.code
+
+
+def test_rv32k_d1_a_not_main_block_never_gets_the_start() -> None:
+    """rv32k k13: `if __name__ != "__main__":` runs at import; the start went into it (the script then used the
+    device before its group; an importer's own init raised "twice"). Only `== "__main__"` blocks take it."""
+    source = MAIN_SCRIPT.format(top="if __name__ != '__main__':\n    IMPORTED = True\n\n")
+    res = migrate_python(source, target=CPU)
+    neq = res.code[res.code.index("if __name__ != '__main__':"):res.code.index("if __name__ == '__main__':")]
+    assert "neuron_init_group()" not in neq
+    assert migrate_python(res.code, target=CPU).code == res.code
+
+
+@pytest.mark.parametrize("backend", ['"XLA"', "'Xla'"])
+def test_rv32k_d3_an_upper_case_xla_backend_is_xlas(backend: str) -> None:
+    """rv32k i13/i14: torch's Backend() lowercases the name, so init_process_group("XLA") was XLA's backend; it was
+    left as it was (0 flags; "Unknown backend type xla" at run time)."""
+    res = migrate_python(INIT_FORMS + f"dist.init_process_group({backend})\n")
+    assert "init_process_group(\"neuron\")" in res.code.replace("'", '"') and "Xla" not in res.code \
+        and "XLA\"" not in res.code
+
+
+def test_rv32k_d4_the_inlined_helper_does_not_make_a_second_pass_flag_an_env_init_method() -> None:
+    """rv32k i08t: the inlined helper's docstring named the XLA init method, so a second pass found it in the
+    file and flagged the user's `INIT = "env://"` (18 -> 20 flags, bytes changed)."""
+    source = INIT_FORMS + 'INIT = "env://"\ndist.init_process_group("xla", init_method=INIT)\n'
+    first = migrate_python(source)
+    second = migrate_python(first.code)
+    assert "xla-init-method" not in {f.rule for f in first.flags} | {f.rule for f in second.flags}
+    assert second.code == first.code
+
+
+@pytest.mark.parametrize("loop", [
+    "TRANSFORMS = {}\nfor split in ('train', 'val'):\n    TRANSFORMS[split] = eval_transform(split)\n",  # k24
+    "REG = {}\nfor name in ('a', 'b'):\n    REG[name] = run_factory(name)\n",  # k17
+])
+def test_rv32k_d5_a_loop_that_fills_a_registry_is_no_script(loop: str) -> None:
+    """rv32k k17, k24: a module-level loop assigning the file's `eval_transform(...)` / `run_factory(...)` (names
+    that start like entry points) was judged a script: the library started the group at its import. A loop is a
+    sign only through a statement call of the file's step (`train_step()`)."""
+    defs = "def eval_transform(s):\n    return s\n\ndef run_factory(n):\n    return n\n\n"
+    res = migrate_python(WORK + "\n" + defs + loop, target=CPU)
+    assert STARTED not in res.code and not res.flags

@@ -90,7 +90,8 @@ _GROUP = '''
 def neuron_init_group(world_of_one=False):
     """Start the default process group when torchrun started several processes and the script has none, as XLA's
     runtime joined them from torchrun's environment; True when a process group runs (torch-neuronx migrate).
-    world_of_one: init_process_group("xla", init_method="xla://") also started a group of one process alone."""
+    world_of_one: XLA's own rendezvous (the init method of XLA's scheme) also started a group of one process
+    alone."""
     import os as _os
 
     if not torch.distributed.is_available():

@@ -1075,8 +1075,28 @@ def _script_kind(module: cst.Module, tree: ast.AST | None = None) -> tuple[str, 
 
 
 def _is_main_test(stmt: ast.stmt) -> bool:
-    """`if __name__ == "__main__":` (any test naming "__main__")."""
-    return isinstance(stmt, ast.If) and "__main__" in ast.unparse(stmt.test)
+    """`if __name__ == "__main__":`, `"__main__" == __name__`, or either `and` a condition: a block that runs when
+    the file runs, never at its import (`__name__ != "__main__"` runs at import: rv32k D1)."""
+    return isinstance(stmt, ast.If) and _tests_main(stmt.test)
+
+
+def _tests_main(test: ast.expr) -> bool:
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return any(_tests_main(v) for v in test.values)
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = {ast.unparse(test.left), ast.unparse(test.comparators[0])}
+    return sides in ({"__name__", "'__main__'"}, {"__name__", '"__main__"'})
+
+
+def _is_main_block(module: cst.Module, stmt: cst.CSTNode) -> bool:
+    """The CST twin of :func:`_is_main_test`."""
+    if not isinstance(stmt, cst.If):
+        return False
+    try:
+        return _tests_main(ast.parse(module.code_for_node(stmt.test).strip(), mode="eval").body)
+    except SyntaxError:
+        return False
 
 
 def _does_something(body: Sequence[ast.stmt]) -> bool:
@@ -1172,8 +1192,8 @@ def _call_kind(call: ast.Call, own: set[str], imported: dict[str, str], discarde
     builtin = root in _BUILTINS and root not in imported and root not in own  # `eval(...)`: Python's, no entry
     if not parts and not builtin and _ENTRY.fullmatch(root) and (discarded or root not in imported):
         return "sign"
-    if not parts and in_loop and root in own and _ENTRY.match(root):
-        return "sign"  # `for epoch in range(3): train_step()`
+    if not parts and in_loop and discarded and root in own and _ENTRY.match(root):
+        return "sign"  # `for epoch in range(3): train_step()`; `REG[k] = run_factory(k)` fills a registry (rv32k D5)
     qualname = ".".join([imported.get(root, root), *parts])
     if (in_family(qualname) or qualname.startswith(("torch.distributed.", "runpy."))) and not last.startswith("is_"):
         return "sign"
@@ -1233,7 +1253,7 @@ def _start_group_first(module: cst.Module, calls: Sequence[str]) -> cst.Module:
     body = list(module.body)
     present = set()
     main_blocks = [s.body.body for s in body if isinstance(s, cst.If) and isinstance(s.body, cst.IndentedBlock)
-                   and "__main__" in module.code_for_node(s.test)]  # put there by `_start_in_main_block`
+                   and _is_main_block(module, s)]  # put there by `_start_in_main_block`
     for stmt in [*body, *(inner for block in main_blocks for inner in block)]:
         first = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) else None
         if isinstance(first, cst.Expr) and isinstance(first.value, cst.Call) and not first.value.args:
@@ -1254,27 +1274,41 @@ def _start_group_first(module: cst.Module, calls: Sequence[str]) -> cst.Module:
 
 def _runs_code_at_import(module: cst.Module, tree: ast.AST | None, ctx: Ctx) -> bool:
     """Module-level code outside the `__main__` block that may use the device at import, before the block's group
-    start: a statement (also a decorator, a default, a class body) with a rewrite or flag of its own
-    (`W = torch.ones(2, device="xla")`), or one calling a function of the file (`MODEL = build()`). The group is
-    then started at module level, as before."""
+    start. Only what is known to be harmless lets the start move into the block: imports, definitions, constants
+    and calls into the standard library. Anything else (a decorator, a default, a base class or a class body
+    that calls something: `MODEL = Net.create()`, `W = FACTORY["w"]()`, `.to(DEVICE)` with an imported DEVICE,
+    a plain-name decorator `@warmup`: rv32k D2) keeps the start at module level, as before."""
     if tree is None:
         try:
             tree = ast.parse(module.code)
         except SyntaxError:
             return True
     body = getattr(tree, "body", [])
-    own = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-    imports = {n.lineno for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))}
-    marked = {r.line for r in ctx.rewrites} | {f.line for f in ctx.flags}
-    marked -= imports
+    imported = _module_imports(body)
+    del ctx  # what runs at import is judged from the source alone
     for node in _import_time_nodes(body):
-        lines = set(range(node.lineno, (node.end_lineno or node.lineno) + 1))
-        if lines & marked:
-            return True
-        if any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in own
-               for c in ast.walk(node)):
+        if isinstance(node, ast.expr) and node in _decorators(body) and not _stdlib_rooted(node, imported):
+            return True  # a decorator is called at import
+        if any(isinstance(c, ast.Call) and not _stdlib_rooted(c.func, imported) for c in ast.walk(node)):
             return True
     return False
+
+
+def _decorators(body: Sequence[ast.stmt]) -> list[ast.expr]:
+    out: list[ast.expr] = []
+    for node in body:
+        for inner in ast.walk(node):
+            if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out += inner.decorator_list
+    return out
+
+
+def _stdlib_rooted(func: ast.expr, imported: dict[str, str]) -> bool:
+    """`func` is reached from a standard-library module the file imports (`sys.path.insert`, `dataclass`)."""
+    while isinstance(func, (ast.Attribute, ast.Call)):
+        func = func.value if isinstance(func, ast.Attribute) else func.func
+    return (isinstance(func, ast.Name) and func.id in imported
+            and imported[func.id].split(".")[0] in sys.stdlib_module_names)
 
 
 def _import_time_nodes(body: Sequence[ast.stmt]) -> list[ast.AST]:
@@ -1299,7 +1333,7 @@ def _start_in_main_block(module: cst.Module, calls: Sequence[str]) -> cst.Module
     there, and not at the file's import (rv32j D2). A second migration adds none."""
     body = list(module.body)
     for i, stmt in enumerate(body):
-        if not (isinstance(stmt, cst.If) and "__main__" in module.code_for_node(stmt.test)):
+        if not _is_main_block(module, stmt):
             continue
         block = stmt.body
         inner = list(block.body) if isinstance(block, cst.IndentedBlock) else [cst.SimpleStatementLine(

@@ -630,7 +630,8 @@ def _xla_names(ctx: Ctx, module: cst.Module) -> None:
                 and re.fullmatch(r"xla(:\d+)?", node.value.value)):
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
     ctx.state["xla_names"] = names
-    ctx.state["xla_literal"] = any(isinstance(n, ast.Constant) and n.value == "xla" for n in ast.walk(tree))
+    ctx.state["xla_literal"] = any(isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.lower() == "xla"
+                                   for n in ast.walk(tree))
     # a notebook's other cells may name it (`INIT = "xla://"` in one cell, the init in the next): the notebook
     # passes what all its cells name (rv32i D5)
     ctx.state["xla_init_literal"] = bool(ctx.state.get("xla_init_literal")) or names_xla_init_method(tree)
@@ -685,7 +686,8 @@ def _native_call(ctx: Ctx, original: cst.Call, updated: cst.Call) -> Expr | None
             ctx.flag(flagmod.XLA_INIT_METHOD, ctx.code(original).strip())
         for i, a in enumerate(args):
             if (a.keyword is None and i == 0) or (a.keyword is not None and a.keyword.value == "backend"):
-                if isinstance(a.value, cst.SimpleString) and a.value.evaluated_value == "xla":
+                # torch's Backend() lowercases the name: "XLA" was XLA's backend too (rv32k D3)
+                if isinstance(a.value, cst.SimpleString) and str(a.value.evaluated_value).lower() == "xla":
                     args[i] = a.with_changes(value=cst.SimpleString(f"{a.value.quote}{ctx.target.backend}"
                                                                     f"{a.value.quote}"))
                     changed = True
