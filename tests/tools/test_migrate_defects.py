@@ -2350,3 +2350,22 @@ def test_rv32k_d5_a_loop_that_fills_a_registry_is_no_script(loop: str) -> None:
     defs = "def eval_transform(s):\n    return s\n\ndef run_factory(n):\n    return n\n\n"
     res = migrate_python(WORK + "\n" + defs + loop, target=CPU)
     assert STARTED not in res.code and not res.flags
+
+
+@pytest.mark.parametrize(("top", "in_block"), [
+    ("torch.manual_seed(0)\n\n", True),  # b07: host state only
+    ("@torch.no_grad()\ndef infer(x):\n    return x\n\n", True),  # b06
+    ("ACTS = {'relu': lambda x: torch.relu(x)}\n\n", True),  # b08: the lambda is not called at import
+    ("import timeit\n\ndef warm():\n    torch.ones(2, device=xm.xla_device())\n\nT = timeit.timeit(warm, number=1)\n\n",
+     False),  # a10: a standard-library call that runs the file's own function
+    ("import functools\n\ndef warm():\n    return torch.ones(2, device=xm.xla_device())\n\n"
+     "W = functools.partial(warm)()\n\n", False),  # a07
+], ids=["b07-seed", "b06-no-grad", "b08-lambda-dict", "a10-timeit", "a07-partial"])
+def test_rv32l_what_runs_at_import(top: str, in_block: bool) -> None:
+    """rv32l D1: torch.manual_seed, @torch.no_grad() and a dict of lambdas leave the device alone at import, but
+    kept the start at module level, so a library with a __main__ self-test started the group at its import (an
+    importer's own init raised "twice"). D2: a standard-library call handed the file's own function runs it at
+    import (timeit, functools.partial): the start stays at module level, before it."""
+    res = migrate_python(MAIN_SCRIPT.format(top=top), target=CPU)
+    assert ("    neuron_init_group()  #" in res.code) is in_block and (STARTED in res.code) is not in_block
+    assert migrate_python(res.code, target=CPU).code == res.code

@@ -1285,13 +1285,51 @@ def _runs_code_at_import(module: cst.Module, tree: ast.AST | None, ctx: Ctx) -> 
             return True
     body = getattr(tree, "body", [])
     imported = _module_imports(body)
+    own = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
     del ctx  # what runs at import is judged from the source alone
+    decorators = _decorators(body)
     for node in _import_time_nodes(body):
-        if isinstance(node, ast.expr) and node in _decorators(body) and not _stdlib_rooted(node, imported):
+        if isinstance(node, ast.expr) and node in decorators and not _quiet_call(node, imported, own):
             return True  # a decorator is called at import
-        if any(isinstance(c, ast.Call) and not _stdlib_rooted(c.func, imported) for c in ast.walk(node)):
+        if any(isinstance(c, ast.Call) and not _quiet_call(c, imported, own) for c in _walk_at_import(node)):
             return True
     return False
+
+
+# torch calls that leave the device alone (they set host state; the runtime starts later: checked on the device)
+_QUIET_TORCH = ("torch.manual_seed", "torch.no_grad", "torch.inference_mode", "torch.enable_grad",
+                "torch.set_grad_enabled", "torch.set_printoptions", "torch.set_float32_matmul_precision",
+                "torch.set_default_dtype", "torch.use_deterministic_algorithms")
+
+
+def _quiet_call(node: ast.expr, imported: dict[str, str], own: set[str]) -> bool:
+    """A call (or a decorator) into the standard library or one of `_QUIET_TORCH`, handed none of the file's own
+    functions or classes (`timeit.timeit(warm)`, `functools.partial(warm)()` run them: rv32l D2)."""
+    func = node.func if isinstance(node, ast.Call) else node
+    if isinstance(node, ast.Call) and any(isinstance(n, ast.Name) and n.id in own
+                                          for a in [*node.args, *(k.value for k in node.keywords)]
+                                          for n in ast.walk(a)):
+        return False
+    root = func
+    while isinstance(root, (ast.Attribute, ast.Call)):
+        root = root.value if isinstance(root, ast.Attribute) else root.func
+    if isinstance(root, ast.Name) and root.id in imported:
+        dotted_name = ast.unparse(func).replace(root.id, imported[root.id], 1)
+        if dotted_name.split("(")[0] in _QUIET_TORCH:
+            return True
+    return _stdlib_rooted(func, imported)
+
+
+def _walk_at_import(node: ast.AST) -> list[ast.AST]:
+    """The nodes of `node` that run at import: not the bodies of lambdas (`{"w": lambda: torch.ones(...)}`)."""
+    out: list[ast.AST] = []
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        if not isinstance(current, ast.Lambda):
+            todo.extend(ast.iter_child_nodes(current))
+    return out
 
 
 def _decorators(body: Sequence[ast.stmt]) -> list[ast.expr]:
