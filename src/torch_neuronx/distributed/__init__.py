@@ -47,9 +47,13 @@ _local_counts: dict[str, int] = {}
 
 def _generation(store, key: str, size: int) -> int:  # type: ignore[no-untyped-def]
     """Which incarnation of a group of `size` members this is, from its arrival counter `key` in the store."""
+    import torch.distributed as dist
+
     try:
         arrivals = int(store.add(key, 1))
-    except (NotImplementedError, RuntimeError):  # a user's store without add(): count in this process
+    except dist.DistError:  # the store is unreachable: that is the user's error to see, not a reason to guess
+        raise
+    except (NotImplementedError, RuntimeError):  # a user's Python store without add(): count in this process
         _local_counts[key] = _local_counts.get(key, 0) + size
         arrivals = _local_counts[key]
     return (arrivals - 1) // size + 1
