@@ -72,6 +72,7 @@ PATCHED = UNDEFINED.replace('patches.ORIGINALS["init_process_group"]', "dist.ini
 t = torch.ones(2)
 dist.all_reduce(t)  # a CPU tensor on the default group
 print(t.tolist())
+dist.destroy_process_group()  # as PyTorch asks: without it, Gloo's exit can abort (docs/distributed.md, limits)
 """
 
 

@@ -69,10 +69,12 @@ def test_larger_peer_tensor_aborts_with_a_clear_message(runs: dict[str, list[Pro
 
 def test_smaller_peer_tensor_does_not_hang(runs: dict[str, list[Proc]]) -> None:
     # 4 vs 3 elements: Gloo gives the rank with 3 a wrong result without error
-    # (docs/distributed.md); the rank with 4 times out. Nothing hangs.
+    # (docs/distributed.md); the rank with 4 times out, or sees the peer go when the peer's own barrier timed out
+    # first (a busy machine: the two timeouts are started milliseconds apart). Nothing hangs.
     procs = runs["mismatch_smaller"]
     assert not any(p.timed_out for p in procs), [p.log() for p in procs]
-    assert "Timed out" in str(report(procs[0]).get("error")), procs[0].log()
+    error = str(report(procs[0]).get("error"))
+    assert "Timed out" in error or "Connection closed by peer" in error, procs[0].log()
 
 
 def test_debug_detail_names_the_shape_mismatch(runs: dict[str, list[Proc]]) -> None:

@@ -1020,3 +1020,36 @@ def test_a_rank_without_its_exit_record_is_not_evidence_of_a_collective_mismatch
     assert e["verdict"] == "pass" and "in the steps every rank completed" in e["message"], e
     [e] = collectives(run(0, True, 1), run(1, True, 0))  # the twin: both ended, different counts
     assert e["verdict"] == "warn" and "different collectives" in e["message"], e
+
+
+def test_steps_follow_the_optimizer_not_its_address(tmp_path: Path) -> None:
+    # CI: a job that trains three models one after another (a new SGD each) counted 3 steps in one run and 4 in the
+    # other, as a new optimizer sometimes took a freed one's id(). Now the tracked optimizer is held by reference: a
+    # second one that steps while it lives is not counted (a GAN's), and once it is gone the next one is tracked.
+    import gc
+
+    import torch
+
+    from torch_neuronx.tools.check.probe import Probe
+
+    probe = Probe(str(tmp_path))
+    w = torch.nn.Parameter(torch.ones(2))
+
+    def step(opt: torch.optim.Optimizer) -> None:
+        w.grad = torch.ones(2)
+        probe.before_optimizer_step(opt, (), {})
+        opt.step()
+        probe.on_optimizer_step(opt, (), {})
+
+    first, second = torch.optim.SGD([w], lr=0.1), torch.optim.Adam([w], lr=0.1)
+    step(first)
+    step(second)  # the GAN's other optimizer: not a step of the job
+    step(first)
+    assert probe._optimizer_steps == 2
+    del first, second
+    gc.collect()
+    for _ in range(3):  # a new optimizer per model, as the job did; each may reuse the last one's address
+        step(torch.optim.SGD([w], lr=0.1))
+        gc.collect()
+    assert probe._optimizer_steps == 5
+    assert probe.trained()["optimizer"] == "SGD + Adam"

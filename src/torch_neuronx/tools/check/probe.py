@@ -68,6 +68,14 @@ def record(name: str, value: Any) -> None:
     _probe.emit("record", name=name, value=value)
 
 
+def _ref(obj: Any) -> Any:
+    """A weak reference to `obj`, or a strong one where it takes no weak references (a wrapper with __slots__)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
 def _shapes(out: Any) -> Any:
     if isinstance(out, torch.Tensor):
         return list(out.shape)
@@ -105,7 +113,7 @@ class Probe:
         self._depth = 0
         self._step = 0
         self._marker_seen = False
-        self._optimizer: int | None = None
+        self._optimizer: Any = None  # a reference to the tracked optimizer (its steps are the job's steps)
         self._losses: list[torch.Tensor] = []
         self._explicit_loss: float | None = None
         self._shapes: list[Any] = []
@@ -135,7 +143,8 @@ class Probe:
         # allowance, lowest lr, highest lr, names, shape]; the allowance a checkpoint's tensor is compared with
         self._trained: dict[int, list[Any]] = {}
         self._optimizer_kind: tuple[str, str] | None = None  # the first optimizer stepped: (class name, family)
-        self._kinds: dict[int, tuple[str, str]] = {}  # every optimizer stepped (a job may have several): id -> that
+        self._kinds: dict[int, tuple[Any, tuple[str, str]]] = {}  # every live optimizer stepped: id -> (ref, family)
+        self._families: dict[tuple[str, str], None] = {}  # every optimizer family stepped, in order (several kinds)
         self._tracked_steps = 0  # steps of the tracked optimizer, markers or not: when each checkpoint was saved
         self._dcp_saved: set[tuple[str, int]] = set()
         self._untouched: list[str] = []
@@ -198,15 +207,18 @@ class Probe:
         self._stepping = max(0, self._stepping - 1)
         if self._stepping:  # an optimizer stepped by another one (ZeRO's per-shard optimizer): the outer one's
             return  # step ends the step, after its own parameter sync
-        if self._optimizer is None:
-            self._optimizer = id(optimizer)
+        if self._optimizer is None or self._optimizer() is None:
+            # the first optimizer, or the next one once the tracked one is gone (a job that trains one model after
+            # another): an object, not its id(), which a new optimizer can reuse once the old one is freed
+            self._optimizer = _ref(optimizer)
+        first = self._optimizer() is optimizer
         try:  # every optimizer's parameters get its own family's allowance (SGD on a body, Adam on a head)
-            self._track(optimizer, first=id(optimizer) == self._optimizer)
+            self._track(optimizer, first=first)
         except Exception as e:  # never raised into the job
             self.emit("probe_error", where="optimizer", message=f"{type(e).__name__}: {e}")
         if self._marker_seen:
             return
-        if id(optimizer) == self._optimizer:  # one step per step of the first optimizer (GANs have two)
+        if first:  # one step per step of the tracked optimizer (GANs have two)
             self._optimizer_steps += 1
             try:
                 self._params = _param_digest(p for g in optimizer.param_groups for p in g["params"])
@@ -220,9 +232,11 @@ class Probe:
         optimizer, whose steps are the steps checkpoints are dated by."""
         from torch_neuronx.tools.check import optimizers
 
-        named = self._kinds.get(id(optimizer))
-        if named is None:
-            named = self._kinds[id(optimizer)] = optimizers.family(optimizer)
+        entry = self._kinds.get(id(optimizer))
+        if entry is None or entry[0]() is not optimizer:  # new, or a new optimizer at a freed one's address
+            entry = self._kinds[id(optimizer)] = (_ref(optimizer), optimizers.family(optimizer))
+            self._families[entry[1]] = None
+        named = entry[1]
         if self._optimizer_kind is None and first:
             self._optimizer_kind = named
         kind = named[1]
@@ -274,7 +288,7 @@ class Probe:
                    "lr": [rec[3], rec[4]], "optimizer": rec[7][0], "family": rec[7][1]}
                   for rec in self._trained.values()]  # kept after the model is gone
         name, kind = self._optimizer_kind
-        others = [k for k in dict.fromkeys(self._kinds.values()) if k != self._optimizer_kind]
+        others = [k for k in self._families if k != self._optimizer_kind]
         if others:  # several optimizers: each tensor's entry says which one trained it
             name = " + ".join([name] + [n for n, _ in others])
             kind = kind if all(k == kind for _, k in others) else "mixed"
