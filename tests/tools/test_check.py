@@ -441,7 +441,9 @@ def test_bad_bucket_lists_exit_2_with_one_line(tmp_path: Path, monkeypatch: pyte
     (tmp_path / "notjson.json").write_text("{")
     (tmp_path / "noplan.json").write_text("{}")
     (tmp_path / "badplan.json").write_text(json.dumps({"context_buckets": [512, 128]}))
-    (tmp_path / "deep.json").write_text('{"context_buckets": ' + "[" * 1000 + "]" * 1000 + "}")
+    # 100,000 deep: beyond any recursion limit (Inductor raises it to 2,000 in the process, so a 1,000-deep list
+    # parsed after a compile had run in the same pytest worker: CI, order-dependent)
+    (tmp_path / "deep.json").write_text('{"context_buckets": ' + "[" * 100_000 + "]" * 100_000 + "}")
     os.mkfifo(tmp_path / "fifo.json")  # reading it would block: refused before it is opened
     monkeypatch.chdir(tmp_path)
     assert main(["check", "--hf-model", "model", *args]) == 2

@@ -2369,3 +2369,27 @@ def test_rv32l_what_runs_at_import(top: str, in_block: bool) -> None:
     res = migrate_python(MAIN_SCRIPT.format(top=top), target=CPU)
     assert ("    neuron_init_group()  #" in res.code) is in_block and (STARTED in res.code) is not in_block
     assert migrate_python(res.code, target=CPU).code == res.code
+
+
+_WARM = "import collections, functools, os, timeit\n\ndef warm():\n    return torch.ones(2, device=xm.xla_device())\n\n"
+
+
+@pytest.mark.parametrize(("top", "in_block"), [
+    (_WARM + "HOOK = warm\nT = timeit.timeit(HOOK, number=1)\n\n", False),  # a13: an alias of the file's function
+    (_WARM + "HOOKS = {'w': warm}\nT = timeit.timeit(HOOKS['w'], number=1)\n\n", False),  # in a container
+    (_WARM + "T = timeit.timeit(lambda: torch.ones(2, device='xla'), number=1)\n\n", False),  # a12: a lambda
+    (_WARM + "T = functools.reduce(lambda a, b: a + torch.ones(1, device='xla'), [1, 2], 0)\n\n", False),
+    (_WARM + "T = timeit.timeit('warm()', setup='from __main__ import warm', number=1)\n\n", False),  # as text
+    ("from timeit import timeit as tt\n\ndef warm():\n    pass\n\nT = tt('warm()', number=1)\n\n", False),
+    (_WARM + "CACHE = collections.defaultdict(lambda: None)\n\n", True),  # keeps the lambda for later
+    (_WARM + "HOOK = warm\nN = timeit.default_timer()\nX = os.environ.get('X', 'y')\n\n", True),  # nothing run
+], ids=["a13-alias", "container", "a12-lambda", "reduce-lambda", "timeit-text", "from-import-text",
+        "defaultdict-twin", "alias-unused-twin"])
+def test_rv32m_d1_code_handed_to_the_standard_library_under_another_name(top: str, in_block: bool) -> None:
+    """rv32m D1: only the file's functions by their own names counted, so an alias (`HOOK = warm`), a container,
+    a lambda or a string handed to `timeit`/`functools.reduce` let the start move into the `__main__` block while
+    the call used the device at import (a13 on 2 ranks: "Neuron runtime should not be initialized before the
+    init_process_group"). Twins: `defaultdict(lambda: ...)`, an alias no call is handed, a call with no code."""
+    res = migrate_python(MAIN_SCRIPT.format(top=top), target=CPU)
+    assert ("    neuron_init_group()  #" in res.code) is in_block and (STARTED in res.code) is not in_block
+    assert migrate_python(res.code, target=CPU).code == res.code

@@ -1285,7 +1285,7 @@ def _runs_code_at_import(module: cst.Module, tree: ast.AST | None, ctx: Ctx) -> 
             return True
     body = getattr(tree, "body", [])
     imported = _module_imports(body)
-    own = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    own = _own_callables(body)
     del ctx  # what runs at import is judged from the source alone
     decorators = _decorators(body)
     for node in _import_time_nodes(body):
@@ -1302,14 +1302,46 @@ _QUIET_TORCH = ("torch.manual_seed", "torch.no_grad", "torch.inference_mode", "t
                 "torch.set_default_dtype", "torch.use_deterministic_algorithms")
 
 
+# standard-library calls that keep a callable they are handed for later, without calling it at import
+_KEEPS_CALLABLE = frozenset({"collections.defaultdict"})
+# standard-library modules whose calls run code they are handed as a string or a module name
+_CODE_RUNNERS = frozenset({"timeit", "runpy", "cProfile", "profile", "pdb", "trace", "code", "doctest", "importlib"})
+
+
+def _own_callables(body: Sequence[ast.stmt]) -> set[str]:
+    """The file's own functions and classes, and the module-level names bound to one of them or to a lambda,
+    directly or in a container (`HOOK = warm`, `HOOKS = {"w": warm}`: rv32m D1), to a fixed point."""
+    own = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    bindings = [(t, stmt.value) for stmt in body if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+                and stmt.value is not None
+                for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])]
+    grown = True
+    while grown:
+        grown = False
+        for target, value in bindings:
+            names = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+            if names - own and any(isinstance(n, ast.Lambda) or (isinstance(n, ast.Name) and n.id in own)
+                                   for n in ast.walk(value)):
+                own |= names
+                grown = True
+    return own
+
+
 def _quiet_call(node: ast.expr, imported: dict[str, str], own: set[str]) -> bool:
     """A call (or a decorator) into the standard library or one of `_QUIET_TORCH`, handed none of the file's own
-    functions or classes (`timeit.timeit(warm)`, `functools.partial(warm)()` run them: rv32l D2)."""
+    functions or classes, nothing bound to one and no lambda (`timeit.timeit(warm)`, `functools.partial(warm)()`,
+    `timeit.timeit(HOOK)`, `timeit.timeit(lambda: ...)` run them: rv32l D2, rv32m D1); never a call into a module
+    that runs code it is handed as text (`timeit.timeit("warm()")`, `runpy.run_module`)."""
     func = node.func if isinstance(node, ast.Call) else node
-    if isinstance(node, ast.Call) and any(isinstance(n, ast.Name) and n.id in own
+    stores = _qualified(func, imported) in _KEEPS_CALLABLE  # `defaultdict(lambda: 0)` calls it later, not now
+    if isinstance(node, ast.Call) and any((isinstance(n, ast.Lambda) and not stores)
+                                          or (isinstance(n, ast.Name) and n.id in own)
                                           for a in [*node.args, *(k.value for k in node.keywords)]
                                           for n in ast.walk(a)):
         return False
+    if (isinstance(node, ast.Call) and (node.args or node.keywords) and _stdlib_rooted(func, imported)
+            and _root_module(func, imported) in _CODE_RUNNERS):
+        return False  # handed code to run (`timeit.timeit("warm()")`); `timeit.default_timer()` is quiet
     root = func
     while isinstance(root, (ast.Attribute, ast.Call)):
         root = root.value if isinstance(root, ast.Attribute) else root.func
@@ -1339,6 +1371,23 @@ def _decorators(body: Sequence[ast.stmt]) -> list[ast.expr]:
             if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 out += inner.decorator_list
     return out
+
+
+def _qualified(func: ast.expr, imported: dict[str, str]) -> str:
+    """`func`'s dotted name with its imported root qualified (`dd` -> `collections.defaultdict`), or ""."""
+    root = func
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    if not isinstance(root, ast.Name) or root.id not in imported:
+        return ""
+    return ast.unparse(func).replace(root.id, imported[root.id], 1)
+
+
+def _root_module(func: ast.expr, imported: dict[str, str]) -> str:
+    """The top-level module an imported name `func` is reached from (`timeit` for `from timeit import timeit`)."""
+    while isinstance(func, (ast.Attribute, ast.Call)):
+        func = func.value if isinstance(func, ast.Attribute) else func.func
+    return imported[func.id].split(".")[0] if isinstance(func, ast.Name) and func.id in imported else ""
 
 
 def _stdlib_rooted(func: ast.expr, imported: dict[str, str]) -> bool:
