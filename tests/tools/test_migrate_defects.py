@@ -2393,3 +2393,41 @@ def test_rv32m_d1_code_handed_to_the_standard_library_under_another_name(top: st
     res = migrate_python(MAIN_SCRIPT.format(top=top), target=CPU)
     assert ("    neuron_init_group()  #" in res.code) is in_block and (STARTED in res.code) is not in_block
     assert migrate_python(res.code, target=CPU).code == res.code
+
+
+_STD = ("import builtins, collections, copy, dataclasses, doctest, functools, logging, operator, pkgutil, signal, sys\n"
+        "\n\ndef warm():\n    return torch.ones(2, device=xm.xla_device())\n\n")
+
+
+@pytest.mark.parametrize(("top", "in_block"), [
+    (_STD + "try:\n    HOOK = warm\nexcept Exception:\n    HOOK = None\n_r = functools.partial(HOOK)()\n\n", False),
+    (_STD + "if True:\n    HOOK = warm\n_r = functools.partial(HOOK)()\n\n", False),
+    (_STD + "for HOOK in (warm,):\n    pass\n_r = functools.partial(HOOK)()\n\n", False),
+    (_STD + "(HOOK := warm)\n_r = functools.partial(HOOK)()\n\n", False),
+    (_STD + "_r = operator.methodcaller('warm')(sys.modules[__name__])\n\n", False),
+    (_STD + "_r = functools.partial(sys.modules[__name__].warm)()\n\n", False),
+    (_STD + "_r = pkgutil.resolve_name(__name__ + ':warm')()\n\n", False),
+    (_STD + "D = collections.defaultdict(lambda: sys.modules[__name__].warm())\nX = D['k']\n\n", False),
+    (_STD + "_r = builtins.eval('warm()')\n\n", False),
+    (_STD + "doctest.testmod()\n\n", False),
+    (_STD + "F = lambda a=warm(): a\n\n", False),
+    (_STD + "@dataclasses.dataclass\nclass Cfg:\n"
+     "    sizes: list = dataclasses.field(default_factory=lambda: [1, 2])\n\n", True),
+    (_STD + "signal.signal(signal.SIGUSR1, lambda *a: None)\n\n", True),
+    (_STD + "COUNTS = collections.defaultdict(lambda: 0)\nC2 = copy.copy(COUNTS)\n\n", True),
+    (_STD + "sys.excepthook = lambda *a: None\nlogging.basicConfig(stream=sys.stdout)\n\n", True),
+    (_STD + "CFG = {'lr': 1e-3, 'sched': lambda s: s}\nBASE = copy.deepcopy(CFG)\n"
+     "LOG = logging.getLogger(__name__)\n\n", True),
+], ids=["c04a-try", "c03a-if", "c05a-for", "c06a-walrus", "c07a-methodcaller", "c09a-sys-modules", "c13a-pkgutil",
+        "c24-defaultdict-call", "c25-eval", "c14-doctest", "c16-lambda-default", "t03-field-factory",
+        "t04-signal-lambda", "t06-defaultdict-copy", "t09-excepthook", "t10-lambda-config"])
+def test_rv32n_what_reaches_the_files_code_at_import(top: str, in_block: bool) -> None:
+    """rv32n D1-D4: names bound in a module-level `try`/`if`, a `for` target or a walrus; the file's functions
+    reached through `sys.modules[__name__]` or `pkgutil.resolve_name`; `builtins.eval`, `doctest.testmod()`; a
+    lambda's default: each ran the device at import with the start in the block (c04a on 2 ranks: "Neuron runtime
+    should not be initialized before the init_process_group"). D5, false alarms of the rv32m fix: lambdas that
+    only return a value (`default_factory=lambda: [1, 2]`, a signal handler, `defaultdict(lambda: 0)`, a config of
+    lambdas copied) and `sys.excepthook = ...` keep the start in the block."""
+    res = migrate_python(MAIN_SCRIPT.format(top=top), target=CPU)
+    assert ("    neuron_init_group()  #" in res.code) is in_block and (STARTED in res.code) is not in_block
+    assert migrate_python(res.code, target=CPU).code == res.code

@@ -1303,25 +1303,74 @@ _QUIET_TORCH = ("torch.manual_seed", "torch.no_grad", "torch.inference_mode", "t
 
 
 # standard-library calls that keep a callable they are handed for later, without calling it at import
-_KEEPS_CALLABLE = frozenset({"collections.defaultdict"})
+_KEEPS_CALLABLE = frozenset({"dataclasses.field"})
 # standard-library modules whose calls run code they are handed as a string or a module name
-_CODE_RUNNERS = frozenset({"timeit", "runpy", "cProfile", "profile", "pdb", "trace", "code", "doctest", "importlib"})
+_CODE_RUNNERS = frozenset({"timeit", "runpy", "cProfile", "profile", "pdb", "trace", "code", "importlib", "builtins",
+                           "pkgutil"})
+# standard-library modules whose calls run the file's own code even when handed nothing (`doctest.testmod()`)
+_RUNS_THE_FILE = frozenset({"doctest", "unittest"})
+# names through which a file reaches its own functions by name (`globals()["warm"]`; `sys.modules` is checked as an
+# attribute; `__name__` alone is what `logging.getLogger(__name__)` is handed)
+_SELF_REFERENCES = frozenset({"globals", "locals", "vars"})
+
+
+def _active(lambda_: ast.Lambda, own: set[str]) -> bool:
+    """A lambda that can do something when called: its body calls something or names one of the file's own
+    functions (`lambda: torch.ones(...)`), not one that returns a value (`lambda: 0`, `lambda *a: None`)."""
+    return any(isinstance(n, ast.Call) or (isinstance(n, ast.Name) and n.id in own) for n in ast.walk(lambda_.body))
+
+
+def _module_bindings(body: Sequence[ast.stmt]) -> list[tuple[set[str], ast.AST]]:
+    """The plain names module-level code binds, with the value bound: assignments also inside a module-level `if`,
+    `try` or `with`, `for` targets and walruses (rv32n D1); not attributes or items (`sys.excepthook = ...`)."""
+    out: list[tuple[set[str], ast.AST]] = []
+    for stmt in body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)):
+            continue
+        for node in ast.walk(stmt):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                continue  # their names are not bindings of values (ast.walk still enters their bodies: counted too)
+            targets: list[ast.AST] = []
+            value: ast.AST | None = None
+            if isinstance(node, ast.Assign):
+                targets, value = node.targets, node.value
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+                targets, value = [node.target], node.value
+            elif isinstance(node, (ast.For, ast.AsyncFor)):
+                targets, value = [node.target], node.iter
+            elif isinstance(node, ast.NamedExpr):
+                targets, value = [node.target], node.value
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                pairs = [(i.optional_vars, i.context_expr) for i in node.items if i.optional_vars is not None]
+                out += [(_plain_names(t), v) for t, v in pairs]
+            if value is not None:
+                out += [(_plain_names(t), value) for t in targets]
+    return [(names, value) for names, value in out if names]
+
+
+def _plain_names(target: ast.AST) -> set[str]:
+    """The names a target binds: `A`, `A, B`, `[A, *B]`; not `obj.attr` nor `d[k]`."""
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return set().union(*(_plain_names(e) for e in target.elts)) if target.elts else set()
+    if isinstance(target, ast.Starred):
+        return _plain_names(target.value)
+    return set()
 
 
 def _own_callables(body: Sequence[ast.stmt]) -> set[str]:
-    """The file's own functions and classes, and the module-level names bound to one of them or to a lambda,
-    directly or in a container (`HOOK = warm`, `HOOKS = {"w": warm}`: rv32m D1), to a fixed point."""
+    """The file's own functions and classes, and the module-level names bound to one of them or to a lambda that
+    does something, directly or in a container (`HOOK = warm`, `HOOKS = {"w": warm}`, `for HOOK in (warm,)`:
+    rv32m D1, rv32n D1), to a fixed point."""
     own = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-    bindings = [(t, stmt.value) for stmt in body if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign))
-                and stmt.value is not None
-                for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])]
+    bindings = _module_bindings(body)
     grown = True
     while grown:
         grown = False
-        for target, value in bindings:
-            names = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
-            if names - own and any(isinstance(n, ast.Lambda) or (isinstance(n, ast.Name) and n.id in own)
-                                   for n in ast.walk(value)):
+        for names, value in bindings:
+            if names - own and any((isinstance(n, ast.Lambda) and _active(n, own))
+                                   or (isinstance(n, ast.Name) and n.id in own) for n in ast.walk(value)):
                 own |= names
                 grown = True
     return own
@@ -1329,19 +1378,23 @@ def _own_callables(body: Sequence[ast.stmt]) -> set[str]:
 
 def _quiet_call(node: ast.expr, imported: dict[str, str], own: set[str]) -> bool:
     """A call (or a decorator) into the standard library or one of `_QUIET_TORCH`, handed none of the file's own
-    functions or classes, nothing bound to one and no lambda (`timeit.timeit(warm)`, `functools.partial(warm)()`,
-    `timeit.timeit(HOOK)`, `timeit.timeit(lambda: ...)` run them: rv32l D2, rv32m D1); never a call into a module
-    that runs code it is handed as text (`timeit.timeit("warm()")`, `runpy.run_module`)."""
+    functions or classes, nothing bound to one, no lambda that does something and no way to the file's own names
+    (`timeit.timeit(warm)`, `functools.partial(warm)()`, `timeit.timeit(HOOK)`, `timeit.timeit(lambda: ...)`,
+    `functools.partial(sys.modules[__name__].warm)()` run them: rv32l D2, rv32m D1, rv32n D2); never a call into
+    a module that runs code it is handed as text (`timeit.timeit("warm()")`, `builtins.exec(...)`) or the file's
+    own tests (`doctest.testmod()`)."""
     func = node.func if isinstance(node, ast.Call) else node
-    stores = _qualified(func, imported) in _KEEPS_CALLABLE  # `defaultdict(lambda: 0)` calls it later, not now
-    if isinstance(node, ast.Call) and any((isinstance(n, ast.Lambda) and not stores)
-                                          or (isinstance(n, ast.Name) and n.id in own)
-                                          for a in [*node.args, *(k.value for k in node.keywords)]
+    keeps = _qualified(func, imported) in _KEEPS_CALLABLE  # `field(default_factory=lambda: ...)`: called later
+    if isinstance(node, ast.Call) and any((isinstance(n, ast.Lambda) and not keeps and _active(n, own))
+                                          or (isinstance(n, ast.Name) and (n.id in own or n.id in _SELF_REFERENCES))
+                                          or (isinstance(n, ast.Attribute) and n.attr == "modules")
+                                          for a in [func, *node.args, *(k.value for k in node.keywords)]
                                           for n in ast.walk(a)):
         return False
-    if (isinstance(node, ast.Call) and (node.args or node.keywords) and _stdlib_rooted(func, imported)
-            and _root_module(func, imported) in _CODE_RUNNERS):
-        return False  # handed code to run (`timeit.timeit("warm()")`); `timeit.default_timer()` is quiet
+    if isinstance(node, ast.Call) and _stdlib_rooted(func, imported):
+        module = _root_module(func, imported)
+        if module in _RUNS_THE_FILE or (module in _CODE_RUNNERS and (node.args or node.keywords)):
+            return False  # runs code (`timeit.timeit("warm()")`, `doctest.testmod()`); `timeit.default_timer()` not
     root = func
     while isinstance(root, (ast.Attribute, ast.Call)):
         root = root.value if isinstance(root, ast.Attribute) else root.func
@@ -1353,13 +1406,16 @@ def _quiet_call(node: ast.expr, imported: dict[str, str], own: set[str]) -> bool
 
 
 def _walk_at_import(node: ast.AST) -> list[ast.AST]:
-    """The nodes of `node` that run at import: not the bodies of lambdas (`{"w": lambda: torch.ones(...)}`)."""
+    """The nodes of `node` that run at import: not the bodies of lambdas (`{"w": lambda: torch.ones(...)}`), but
+    their defaults (`lambda a=warm(): a` calls warm: rv32n D4)."""
     out: list[ast.AST] = []
     todo = [node]
     while todo:
         current = todo.pop()
         out.append(current)
-        if not isinstance(current, ast.Lambda):
+        if isinstance(current, ast.Lambda):
+            todo.extend([*current.args.defaults, *(d for d in current.args.kw_defaults if d is not None)])
+        else:
             todo.extend(ast.iter_child_nodes(current))
     return out
 
