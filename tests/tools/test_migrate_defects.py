@@ -2431,3 +2431,34 @@ def test_rv32n_what_reaches_the_files_code_at_import(top: str, in_block: bool) -
     res = migrate_python(MAIN_SCRIPT.format(top=top), target=CPU)
     assert ("    neuron_init_group()  #" in res.code) is in_block and (STARTED in res.code) is not in_block
     assert migrate_python(res.code, target=CPU).code == res.code
+
+
+_CLS = ("import collections, dataclasses, enum\n\n\ndef warm():\n    return torch.ones(2, device=xm.xla_device())\n\n")
+
+
+@pytest.mark.parametrize(("top", "in_block"), [
+    (_CLS + "class W:\n    def __class_getitem__(cls, item):\n        warm()\n        return cls\n\nAlias = W[int]\n\n",
+     False),  # m01
+    (_CLS + "class Base:\n    def __init_subclass__(cls, **kw):\n        warm()\n\nclass Child(Base):\n    pass\n\n",
+     False),  # m02
+    (_CLS + "class Meta(type):\n    def __init__(cls, *a):\n        warm()\n\nclass X(metaclass=Meta):\n    pass\n\n",
+     False),  # m03
+    (_CLS + "class Planet(enum.Enum):\n    EARTH = (1, 2)\n\n"
+     "    def __init__(self, a, b):\n        self.t = warm()\n\n", False),  # m06: crashed on 2 ranks
+    (_CLS + "D = collections.defaultdict(lambda: warm())\nX = D['k']\n\n", False),  # reading a key calls it
+    (_CLS + "class Mode(enum.Enum):\n    TRAIN = enum.auto()\n\n    def describe(self):\n        return self.name\n\n",
+     True),  # m06t
+    (_CLS + "@dataclasses.dataclass\nclass ModelCfg:\n    hidden: int = 64\n\n@dataclasses.dataclass\nclass TrainCfg:\n"
+     "    model: ModelCfg = dataclasses.field(default_factory=ModelCfg)\n\n", True),  # f11: called per instance
+    (_CLS + "STATS = collections.defaultdict(list)\n"
+     "COUNTS = collections.defaultdict(lambda: collections.Counter())\n\n", True),  # f14: new in the rv32n fix
+], ids=["m01-class-getitem", "m02-init-subclass", "m03-metaclass", "m06-enum-init", "defaultdict-read",
+        "m06t-plain-enum", "f11-field-own-class", "f14-nested-defaultdict"])
+def test_rv32o_class_statements_and_kept_factories(top: str, in_block: bool) -> None:
+    """rv32o D1: a class statement runs the file's code at import through a base's `__init_subclass__`, a
+    metaclass, `__class_getitem__` or an Enum's `__init__`/`__new__` (m06 on 2 ranks: "Neuron runtime should not
+    be initialized before the init_process_group"). D3, D4: `dataclasses.field` and `collections.defaultdict`
+    keep their factory for later, whatever it is, unless a key of the defaultdict is read at import."""
+    res = migrate_python(MAIN_SCRIPT.format(top=top), target=CPU)
+    assert ("    neuron_init_group()  #" in res.code) is in_block and (STARTED in res.code) is not in_block
+    assert migrate_python(res.code, target=CPU).code == res.code

@@ -1288,12 +1288,56 @@ def _runs_code_at_import(module: cst.Module, tree: ast.AST | None, ctx: Ctx) -> 
     own = _own_callables(body)
     del ctx  # what runs at import is judged from the source alone
     decorators = _decorators(body)
+    if _class_hooks_run(body, own):
+        return True
+    lazy = _lazy_factories(body, imported, own)
     for node in _import_time_nodes(body):
         if isinstance(node, ast.expr) and node in decorators and not _quiet_call(node, imported, own):
             return True  # a decorator is called at import
-        if any(isinstance(c, ast.Call) and not _quiet_call(c, imported, own) for c in _walk_at_import(node)):
-            return True
+        for inner in _walk_at_import(node):
+            if isinstance(inner, ast.Call) and not _quiet_call(inner, imported, own):
+                return True
+            if isinstance(inner, ast.Subscript) and isinstance(inner.value, ast.Name) and inner.value.id in lazy:
+                return True  # `D["k"]` of a defaultdict whose factory does something calls it (rv32n c24)
     return False
+
+
+_HOOKS = frozenset({"__init_subclass__", "__class_getitem__", "__set_name__"})
+_ENUM_BASES = frozenset({"Enum", "IntEnum", "StrEnum", "Flag", "IntFlag", "ReprEnum"})
+
+
+def _class_hooks_run(body: Sequence[ast.stmt], own: set[str]) -> bool:
+    """A class statement that runs the file's own code at import (rv32o D1): a subclass of, or a class made by, one
+    of the file's classes that defines `__init_subclass__`, `__class_getitem__` (then subscripted) or is a metaclass
+    (derives from `type`); an Enum whose body defines `__init__` or `__new__` (each member calls it)."""
+    classes = [n for n in body if isinstance(n, ast.ClassDef)]
+    hooky: set[str] = set()
+    for cls in classes:  # in file order: a class deriving from a hooky one is hooky for its own subclasses
+        names = {n.id for e in [*cls.bases, *(k.value for k in cls.keywords)] for n in ast.walk(e)
+                 if isinstance(n, ast.Name)} | {n.attr for e in cls.bases for n in ast.walk(e)
+                                                if isinstance(n, ast.Attribute)}
+        defined = {f.name for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        if names & hooky:
+            return True  # a hooky base's __init_subclass__ or a metaclass's __new__/__init__ runs now
+        if names & _ENUM_BASES and defined & {"__init__", "__new__"} and any(
+                isinstance(s, (ast.Assign, ast.AnnAssign)) for s in cls.body):
+            return True
+        if defined & _HOOKS or "type" in names:
+            hooky.add(cls.name)
+    return any(isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id in hooky
+               for node in _import_time_nodes(body) for n in _walk_at_import(node))
+
+
+def _lazy_factories(body: Sequence[ast.stmt], imported: dict[str, str], own: set[str]) -> set[str]:
+    """Module-level names bound to a `collections.defaultdict` whose factory does something: the file's own
+    function or class, or a lambda that calls something (reading a missing key at import calls it)."""
+    out: set[str] = set()
+    for names, value in _module_bindings(body):
+        if (isinstance(value, ast.Call) and _qualified(value.func, imported) == "collections.defaultdict"
+                and any((isinstance(n, ast.Lambda) and _active(n, own)) or (isinstance(n, ast.Name) and n.id in own)
+                        for a in value.args for n in ast.walk(a))):
+            out |= names
+    return out
 
 
 # torch calls that leave the device alone (they set host state; the runtime starts later: checked on the device)
@@ -1303,7 +1347,7 @@ _QUIET_TORCH = ("torch.manual_seed", "torch.no_grad", "torch.inference_mode", "t
 
 
 # standard-library calls that keep a callable they are handed for later, without calling it at import
-_KEEPS_CALLABLE = frozenset({"dataclasses.field"})
+_KEEPS_CALLABLE = frozenset({"dataclasses.field", "collections.defaultdict"})
 # standard-library modules whose calls run code they are handed as a string or a module name
 _CODE_RUNNERS = frozenset({"timeit", "runpy", "cProfile", "profile", "pdb", "trace", "code", "importlib", "builtins",
                            "pkgutil"})
@@ -1384,9 +1428,12 @@ def _quiet_call(node: ast.expr, imported: dict[str, str], own: set[str]) -> bool
     a module that runs code it is handed as text (`timeit.timeit("warm()")`, `builtins.exec(...)`) or the file's
     own tests (`doctest.testmod()`)."""
     func = node.func if isinstance(node, ast.Call) else node
-    keeps = _qualified(func, imported) in _KEEPS_CALLABLE  # `field(default_factory=lambda: ...)`: called later
+    # `field(default_factory=...)`, `defaultdict(lambda: Counter())` keep their factory for later (a defaultdict's
+    # key read at import is checked apart: _lazy_factories)
+    keeps = _qualified(func, imported) in _KEEPS_CALLABLE
     if isinstance(node, ast.Call) and any((isinstance(n, ast.Lambda) and not keeps and _active(n, own))
-                                          or (isinstance(n, ast.Name) and (n.id in own or n.id in _SELF_REFERENCES))
+                                          or (isinstance(n, ast.Name) and n.id in own and not keeps)
+                                          or (isinstance(n, ast.Name) and n.id in _SELF_REFERENCES)
                                           or (isinstance(n, ast.Attribute) and n.attr == "modules")
                                           for a in [func, *node.args, *(k.value for k in node.keywords)]
                                           for n in ast.walk(a)):
