@@ -1012,10 +1012,8 @@ def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON
     if with_helpers and ctx.helpers:
         new = insert_helpers(new, helpermod.closure(ctx.helpers), target)
     starts = [call for call, wanted in ((_EARLY_CALL, early), (_SET_DEVICE_CALL, own_core)) if wanted]
-    if starts and early and kind == "main" and not _runs_code_at_import(module, tree, ctx):
-        new = _start_in_main_block(new, starts)  # importing the file starts nothing (rv32j D2)
-    elif starts:
-        new = _start_group_first(new, starts)
+    if starts:  # a file whose only script sign is its `__main__` block starts the group only when run as one
+        new = _start_group_first(new, starts, guarded=early and kind == "main")
     if unsure:
         new = _todo_after_helpers(new, flagmod.SCRIPT_UNSURE)
     new = add_imports(new, ctx.imports, aliases if cell is not None else None)
@@ -1044,7 +1042,8 @@ def _script_kind(module: cst.Module, tree: ast.AST | None = None) -> tuple[str, 
     torch.distributed API (`s = xm.all_reduce(...)`), or in a loop the file's own step (`for e in range(3):
     train_step()`). A module-level loop or `with` alone is none (`with open(cfg) as f: CFG = json.load(f)`, a
     loop filling a registry: rv32j D2). "main": an `if __name__ == "__main__":` block that does something is the
-    only sign: the group starts inside it, and importing the file starts nothing (rv32j D2). Calls into torch or
+    only sign (calls of unknown effect above it too): the group starts behind the file's own `__main__` guard
+    before its module code, and importing the file starts nothing (rv32j D2). Calls into torch or
     the standard library (registration, configuration: `torch.serialization.add_safe_globals([...])`,
     `warnings.warn(...)`) are a library's too (rv32g item 4). Unsure: a call as a statement into anything else,
     with no sign of a script. A library's helpers start the group at their first collective: started at its
@@ -1069,8 +1068,8 @@ def _script_kind(module: cst.Module, tree: ast.AST | None = None) -> tuple[str, 
             if kind == "sign":
                 return "script", 0
             unsure = unsure or line
-    if main_block:  # a call of unknown effect at module level: started there, as before
-        return ("script", 0) if unsure else ("main", 0)
+    if main_block:  # also with calls of unknown effect above it: the guarded start comes before them
+        return "main", 0
     return ("unsure", unsure) if unsure else ("library", 0)
 
 
@@ -1243,17 +1242,21 @@ _EARLY_CALL = "neuron_init_group()  # torchrun: the process group first, before 
 _SET_DEVICE_CALL = 'neuron_set_device()  # torchrun: the bare "neuron" is this process\'s core, as XLA\'s one device\n'
 
 
-def _start_group_first(module: cst.Module, calls: Sequence[str]) -> cst.Module:
+def _start_group_first(module: cst.Module, calls: Sequence[str], guarded: bool = False) -> cst.Module:
     """Call `neuron_init_group()` (and `neuron_set_device()`) after the inlined helpers, before any module code
     that can touch the device: under torchrun XLA's runtime joined the processes at start, and the native runtime
     must not be initialised (a device used) before `init_process_group` (TorchNeuron's `_neuron_runtime_setup`
     asserts it; rv32e item 3). The module's leading settings go first (`os.environ[...] = ...` between its imports:
     the group start reads the machine's settings, rv32f item 2). With one process, or a group already running,
-    they do nothing."""
+    they do nothing. `guarded`: a file whose only script sign is its `__main__` block gets them behind its own
+    `if __name__ == "__main__":`, still before its module code: run as a script, the group starts before anything
+    at its import can use the device; imported by a program that starts its own group, it starts nothing (rv32j
+    D2). No judgement of what the module code does at import is needed (reviews rv32k-rv32p each found code that
+    such a judgement missed: annotations, metaclasses, Enum members, aliases)."""
     body = list(module.body)
     present = set()
     main_blocks = [s.body.body for s in body if isinstance(s, cst.If) and isinstance(s.body, cst.IndentedBlock)
-                   and _is_main_block(module, s)]  # put there by `_start_in_main_block`
+                   and _is_main_block(module, s)]  # the guard, or the user's block (earlier migrations put it there)
     for stmt in [*body, *(inner for block in main_blocks for inner in block)]:
         first = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) else None
         if isinstance(first, cst.Expr) and isinstance(first.value, cst.Call) and not first.value.args:
@@ -1265,279 +1268,15 @@ def _start_group_first(module: cst.Module, calls: Sequence[str]) -> cst.Module:
                and s.name.value in helpermod.HELPERS]
     at = helpers[-1] + 1 if helpers else _header_end(body)
     settings_end = _settings_end(body, at)
-    stmts = [cst.parse_statement(call) for call in todo]
+    stmts = [cst.parse_statement(call) for call in todo] if not guarded else [
+        cst.parse_statement(_GUARD + "".join("    " + call for call in todo))]
     if settings_end == at:
         stmts[0] = stmts[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
     body[settings_end:settings_end] = stmts
     return module.with_changes(body=body)
 
 
-def _runs_code_at_import(module: cst.Module, tree: ast.AST | None, ctx: Ctx) -> bool:
-    """Module-level code outside the `__main__` block that may use the device at import, before the block's group
-    start. Only what is known to be harmless lets the start move into the block: imports, definitions, constants
-    and calls into the standard library. Anything else (a decorator, a default, a base class or a class body
-    that calls something: `MODEL = Net.create()`, `W = FACTORY["w"]()`, `.to(DEVICE)` with an imported DEVICE,
-    a plain-name decorator `@warmup`: rv32k D2) keeps the start at module level, as before."""
-    if tree is None:
-        try:
-            tree = ast.parse(module.code)
-        except SyntaxError:
-            return True
-    body = getattr(tree, "body", [])
-    imported = _module_imports(body)
-    own = _own_callables(body)
-    del ctx  # what runs at import is judged from the source alone
-    decorators = _decorators(body)
-    if _class_hooks_run(body, own):
-        return True
-    lazy = _lazy_factories(body, imported, own)
-    for node in _import_time_nodes(body):
-        if isinstance(node, ast.expr) and node in decorators and not _quiet_call(node, imported, own):
-            return True  # a decorator is called at import
-        for inner in _walk_at_import(node):
-            if isinstance(inner, ast.Call) and not _quiet_call(inner, imported, own):
-                return True
-            if isinstance(inner, ast.Subscript) and isinstance(inner.value, ast.Name) and inner.value.id in lazy:
-                return True  # `D["k"]` of a defaultdict whose factory does something calls it (rv32n c24)
-    return False
-
-
-_HOOKS = frozenset({"__init_subclass__", "__class_getitem__", "__set_name__"})
-_ENUM_BASES = frozenset({"Enum", "IntEnum", "StrEnum", "Flag", "IntFlag", "ReprEnum"})
-
-
-def _class_hooks_run(body: Sequence[ast.stmt], own: set[str]) -> bool:
-    """A class statement that runs the file's own code at import (rv32o D1): a subclass of, or a class made by, one
-    of the file's classes that defines `__init_subclass__`, `__class_getitem__` (then subscripted) or is a metaclass
-    (derives from `type`); an Enum whose body defines `__init__` or `__new__` (each member calls it)."""
-    classes = [n for n in body if isinstance(n, ast.ClassDef)]
-    hooky: set[str] = set()
-    for cls in classes:  # in file order: a class deriving from a hooky one is hooky for its own subclasses
-        names = {n.id for e in [*cls.bases, *(k.value for k in cls.keywords)] for n in ast.walk(e)
-                 if isinstance(n, ast.Name)} | {n.attr for e in cls.bases for n in ast.walk(e)
-                                                if isinstance(n, ast.Attribute)}
-        defined = {f.name for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        if names & hooky:
-            return True  # a hooky base's __init_subclass__ or a metaclass's __new__/__init__ runs now
-        if names & _ENUM_BASES and defined & {"__init__", "__new__"} and any(
-                isinstance(s, (ast.Assign, ast.AnnAssign)) for s in cls.body):
-            return True
-        if defined & _HOOKS or "type" in names:
-            hooky.add(cls.name)
-    return any(isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id in hooky
-               for node in _import_time_nodes(body) for n in _walk_at_import(node))
-
-
-def _lazy_factories(body: Sequence[ast.stmt], imported: dict[str, str], own: set[str]) -> set[str]:
-    """Module-level names bound to a `collections.defaultdict` whose factory does something: the file's own
-    function or class, or a lambda that calls something (reading a missing key at import calls it)."""
-    out: set[str] = set()
-    for names, value in _module_bindings(body):
-        if (isinstance(value, ast.Call) and _qualified(value.func, imported) == "collections.defaultdict"
-                and any((isinstance(n, ast.Lambda) and _active(n, own)) or (isinstance(n, ast.Name) and n.id in own)
-                        for a in value.args for n in ast.walk(a))):
-            out |= names
-    return out
-
-
-# torch calls that leave the device alone (they set host state; the runtime starts later: checked on the device)
-_QUIET_TORCH = ("torch.manual_seed", "torch.no_grad", "torch.inference_mode", "torch.enable_grad",
-                "torch.set_grad_enabled", "torch.set_printoptions", "torch.set_float32_matmul_precision",
-                "torch.set_default_dtype", "torch.use_deterministic_algorithms")
-
-
-# standard-library calls that keep a callable they are handed for later, without calling it at import
-_KEEPS_CALLABLE = frozenset({"dataclasses.field", "collections.defaultdict"})
-# standard-library modules whose calls run code they are handed as a string or a module name
-_CODE_RUNNERS = frozenset({"timeit", "runpy", "cProfile", "profile", "pdb", "trace", "code", "importlib", "builtins",
-                           "pkgutil"})
-# standard-library modules whose calls run the file's own code even when handed nothing (`doctest.testmod()`)
-_RUNS_THE_FILE = frozenset({"doctest", "unittest"})
-# names through which a file reaches its own functions by name (`globals()["warm"]`; `sys.modules` is checked as an
-# attribute; `__name__` alone is what `logging.getLogger(__name__)` is handed)
-_SELF_REFERENCES = frozenset({"globals", "locals", "vars"})
-
-
-def _active(lambda_: ast.Lambda, own: set[str]) -> bool:
-    """A lambda that can do something when called: its body calls something or names one of the file's own
-    functions (`lambda: torch.ones(...)`), not one that returns a value (`lambda: 0`, `lambda *a: None`)."""
-    return any(isinstance(n, ast.Call) or (isinstance(n, ast.Name) and n.id in own) for n in ast.walk(lambda_.body))
-
-
-def _module_bindings(body: Sequence[ast.stmt]) -> list[tuple[set[str], ast.AST]]:
-    """The plain names module-level code binds, with the value bound: assignments also inside a module-level `if`,
-    `try` or `with`, `for` targets and walruses (rv32n D1); not attributes or items (`sys.excepthook = ...`)."""
-    out: list[tuple[set[str], ast.AST]] = []
-    for stmt in body:
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)):
-            continue
-        for node in ast.walk(stmt):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-                continue  # their names are not bindings of values (ast.walk still enters their bodies: counted too)
-            targets: list[ast.AST] = []
-            value: ast.AST | None = None
-            if isinstance(node, ast.Assign):
-                targets, value = node.targets, node.value
-            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and node.value is not None:
-                targets, value = [node.target], node.value
-            elif isinstance(node, (ast.For, ast.AsyncFor)):
-                targets, value = [node.target], node.iter
-            elif isinstance(node, ast.NamedExpr):
-                targets, value = [node.target], node.value
-            elif isinstance(node, (ast.With, ast.AsyncWith)):
-                pairs = [(i.optional_vars, i.context_expr) for i in node.items if i.optional_vars is not None]
-                out += [(_plain_names(t), v) for t, v in pairs]
-            if value is not None:
-                out += [(_plain_names(t), value) for t in targets]
-    return [(names, value) for names, value in out if names]
-
-
-def _plain_names(target: ast.AST) -> set[str]:
-    """The names a target binds: `A`, `A, B`, `[A, *B]`; not `obj.attr` nor `d[k]`."""
-    if isinstance(target, ast.Name):
-        return {target.id}
-    if isinstance(target, (ast.Tuple, ast.List)):
-        return set().union(*(_plain_names(e) for e in target.elts)) if target.elts else set()
-    if isinstance(target, ast.Starred):
-        return _plain_names(target.value)
-    return set()
-
-
-def _own_callables(body: Sequence[ast.stmt]) -> set[str]:
-    """The file's own functions and classes, and the module-level names bound to one of them or to a lambda that
-    does something, directly or in a container (`HOOK = warm`, `HOOKS = {"w": warm}`, `for HOOK in (warm,)`:
-    rv32m D1, rv32n D1), to a fixed point."""
-    own = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-    bindings = _module_bindings(body)
-    grown = True
-    while grown:
-        grown = False
-        for names, value in bindings:
-            if names - own and any((isinstance(n, ast.Lambda) and _active(n, own))
-                                   or (isinstance(n, ast.Name) and n.id in own) for n in ast.walk(value)):
-                own |= names
-                grown = True
-    return own
-
-
-def _quiet_call(node: ast.expr, imported: dict[str, str], own: set[str]) -> bool:
-    """A call (or a decorator) into the standard library or one of `_QUIET_TORCH`, handed none of the file's own
-    functions or classes, nothing bound to one, no lambda that does something and no way to the file's own names
-    (`timeit.timeit(warm)`, `functools.partial(warm)()`, `timeit.timeit(HOOK)`, `timeit.timeit(lambda: ...)`,
-    `functools.partial(sys.modules[__name__].warm)()` run them: rv32l D2, rv32m D1, rv32n D2); never a call into
-    a module that runs code it is handed as text (`timeit.timeit("warm()")`, `builtins.exec(...)`) or the file's
-    own tests (`doctest.testmod()`)."""
-    func = node.func if isinstance(node, ast.Call) else node
-    # `field(default_factory=...)`, `defaultdict(lambda: Counter())` keep their factory for later (a defaultdict's
-    # key read at import is checked apart: _lazy_factories)
-    keeps = _qualified(func, imported) in _KEEPS_CALLABLE
-    if isinstance(node, ast.Call) and any((isinstance(n, ast.Lambda) and not keeps and _active(n, own))
-                                          or (isinstance(n, ast.Name) and n.id in own and not keeps)
-                                          or (isinstance(n, ast.Name) and n.id in _SELF_REFERENCES)
-                                          or (isinstance(n, ast.Attribute) and n.attr == "modules")
-                                          for a in [func, *node.args, *(k.value for k in node.keywords)]
-                                          for n in ast.walk(a)):
-        return False
-    if isinstance(node, ast.Call) and _stdlib_rooted(func, imported):
-        module = _root_module(func, imported)
-        if module in _RUNS_THE_FILE or (module in _CODE_RUNNERS and (node.args or node.keywords)):
-            return False  # runs code (`timeit.timeit("warm()")`, `doctest.testmod()`); `timeit.default_timer()` not
-    root = func
-    while isinstance(root, (ast.Attribute, ast.Call)):
-        root = root.value if isinstance(root, ast.Attribute) else root.func
-    if isinstance(root, ast.Name) and root.id in imported:
-        dotted_name = ast.unparse(func).replace(root.id, imported[root.id], 1)
-        if dotted_name.split("(")[0] in _QUIET_TORCH:
-            return True
-    return _stdlib_rooted(func, imported)
-
-
-def _walk_at_import(node: ast.AST) -> list[ast.AST]:
-    """The nodes of `node` that run at import: not the bodies of lambdas (`{"w": lambda: torch.ones(...)}`), but
-    their defaults (`lambda a=warm(): a` calls warm: rv32n D4)."""
-    out: list[ast.AST] = []
-    todo = [node]
-    while todo:
-        current = todo.pop()
-        out.append(current)
-        if isinstance(current, ast.Lambda):
-            todo.extend([*current.args.defaults, *(d for d in current.args.kw_defaults if d is not None)])
-        else:
-            todo.extend(ast.iter_child_nodes(current))
-    return out
-
-
-def _decorators(body: Sequence[ast.stmt]) -> list[ast.expr]:
-    out: list[ast.expr] = []
-    for node in body:
-        for inner in ast.walk(node):
-            if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                out += inner.decorator_list
-    return out
-
-
-def _qualified(func: ast.expr, imported: dict[str, str]) -> str:
-    """`func`'s dotted name with its imported root qualified (`dd` -> `collections.defaultdict`), or ""."""
-    root = func
-    while isinstance(root, ast.Attribute):
-        root = root.value
-    if not isinstance(root, ast.Name) or root.id not in imported:
-        return ""
-    return ast.unparse(func).replace(root.id, imported[root.id], 1)
-
-
-def _root_module(func: ast.expr, imported: dict[str, str]) -> str:
-    """The top-level module an imported name `func` is reached from (`timeit` for `from timeit import timeit`)."""
-    while isinstance(func, (ast.Attribute, ast.Call)):
-        func = func.value if isinstance(func, ast.Attribute) else func.func
-    return imported[func.id].split(".")[0] if isinstance(func, ast.Name) and func.id in imported else ""
-
-
-def _stdlib_rooted(func: ast.expr, imported: dict[str, str]) -> bool:
-    """`func` is reached from a standard-library module the file imports (`sys.path.insert`, `dataclass`)."""
-    while isinstance(func, (ast.Attribute, ast.Call)):
-        func = func.value if isinstance(func, ast.Attribute) else func.func
-    return (isinstance(func, ast.Name) and func.id in imported
-            and imported[func.id].split(".")[0] in sys.stdlib_module_names)
-
-
-def _import_time_nodes(body: Sequence[ast.stmt]) -> list[ast.AST]:
-    """What runs when the module is imported, but the `__main__` block, imports and function bodies: statements,
-    decorators, defaults, base classes and class bodies."""
-    out: list[ast.AST] = []
-    for stmt in body:
-        if _is_main_test(stmt) or isinstance(stmt, (ast.Import, ast.ImportFrom)):
-            continue
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            out += [*stmt.decorator_list, *stmt.args.defaults, *(d for d in stmt.args.kw_defaults if d is not None)]
-        elif isinstance(stmt, ast.ClassDef):
-            out += [*stmt.decorator_list, *stmt.bases, *(k.value for k in stmt.keywords)]
-            out += _import_time_nodes(stmt.body)
-        else:
-            out.append(stmt)
-    return out
-
-
-def _start_in_main_block(module: cst.Module, calls: Sequence[str]) -> cst.Module:
-    """The group start as the first statements of the `if __name__ == "__main__":` block: before any device use
-    there, and not at the file's import (rv32j D2). A second migration adds none."""
-    body = list(module.body)
-    for i, stmt in enumerate(body):
-        if not _is_main_block(module, stmt):
-            continue
-        block = stmt.body
-        inner = list(block.body) if isinstance(block, cst.IndentedBlock) else [cst.SimpleStatementLine(
-            body=list(block.body))]
-        present = {dotted(s.body[0].value.func) for s in inner if isinstance(s, cst.SimpleStatementLine)
-                   and isinstance(s.body[0], cst.Expr) and isinstance(s.body[0].value, cst.Call)}
-        todo = [call for call in calls if call.split("(")[0] not in present]
-        if not todo:
-            return module
-        new_block = cst.IndentedBlock(body=[*(cst.parse_statement(call) for call in todo), *inner]) if not isinstance(
-            block, cst.IndentedBlock) else block.with_changes(body=[*(cst.parse_statement(c) for c in todo), *inner])
-        body[i] = stmt.with_changes(body=new_block)
-        return module.with_changes(body=body)
-    return _start_group_first(module, calls)
+_GUARD = 'if __name__ == "__main__":  # run as a script: the group first; imported, nothing starts\n'
 
 
 # what a module's leading settings may call: the environment and the import path
