@@ -2478,3 +2478,24 @@ def test_rv32o_class_statements_and_kept_factories(top: str, in_block: bool) -> 
     keep their factory for later, whatever it is, unless a key of the defaultdict is read at import."""
     del in_block  # what the per-file judgement of import-time code decided before: no judgement is made now
     _assert_guarded_start(migrate_python(MAIN_SCRIPT.format(top=top), target=CPU).code)
+
+
+@pytest.mark.parametrize(("mid", "flagged"), [
+    ("LOG = logging.getLogger(__name__)\nos.environ['NEURON_RT_VISIBLE_CORES'] = '0-1'\n", True),  # q15
+    ("LOG = logging.getLogger(__name__)\nos.environ.update(CFG)\n", True),  # a variable it cannot name
+    ("LOG = logging.getLogger(__name__)\nos.environ.setdefault('MASTER_PORT', '1234')\n", True),
+    ("os.environ['NEURON_RT_VISIBLE_CORES'] = '0-1'\nLOG = logging.getLogger(__name__)\n", False),  # before: seen
+    ("LOG = logging.getLogger(__name__)\nos.environ['XLA_FLAGS'] = '--x'\n", False),  # read at the first compile
+], ids=["q15-cores-after-logger", "update", "setdefault", "twin-setting-first", "twin-compiler-setting"])
+def test_rv32q_a_setting_after_module_code_is_flagged(mid: str, flagged: bool) -> None:
+    """rv32q q15/q17: `os.environ["NEURON_RT_VISIBLE_CORES"] = "0-1"` after a module-level statement came after the
+    group start, which never saw it (2 ranks: rc 0, the planted "0-1" ignored); XLA's runtime read it at the first
+    device use. Flagged where the start may read it; the twins, a setting above the module code (the start goes
+    after it) and a compiler setting, are not."""
+    head = "import os, logging\nimport torch\nimport torch_xla.core.xla_model as xm\n\n"
+    main = ("\n\ndef main():\n    t = torch.ones(2, device=xm.xla_device())\n    xm.all_reduce(xm.REDUCE_SUM, [t])\n"
+            "\n\nif __name__ == '__main__':\n    main()\n")
+    res = migrate_python(head + mid + main, target=CPU)
+    rules = [f.rule for f in res.flags]
+    assert rules.count("xla-setting-after-start") == (1 if flagged else 0), rules
+    assert migrate_python(res.code, target=CPU).code == res.code

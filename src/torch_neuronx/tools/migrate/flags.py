@@ -171,6 +171,12 @@ XLA_INIT_METHOD = FlagRule(
     "expression, `**kwargs` that may hold it): a literal one is dropped, any other is left as it is.",
     "make it a statement of its own, `neuron_init_group(world_of_one=True)` (it starts torchrun's group, or alone "
     "a group of one), or run it under torchrun only.")
+SETTING_AFTER_START = FlagRule(
+    "xla-setting-after-start", "This environment setting comes after module code, so after the process group start "
+    "that the migration puts before that code (as early as XLA's runtime joined the processes). The start reads the "
+    "machine's settings (`NEURON_RT_VISIBLE_CORES`, `TORCH_DISTRIBUTED_DEBUG`, ...) and does not see this one; "
+    "XLA's runtime read them at the first device use, later.",
+    "move the setting above the module code, next to the imports (or set it in the launch environment).")
 SCRIPT_UNSURE = FlagRule(
     "xla-script-unsure", "The migration cannot tell whether this file is a script or a library: its module-level "
     "code calls something it does not know (not a function of this file, not an entry point like main()). A "

@@ -1014,6 +1014,8 @@ def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON
     starts = [call for call, wanted in ((_EARLY_CALL, early), (_SET_DEVICE_CALL, own_core)) if wanted]
     if starts:  # a file whose only script sign is its `__main__` block starts the group only when run as one
         new = _start_group_first(new, starts, guarded=early and kind == "main")
+    if early and tree is not None:
+        _flag_settings_after_start(tree, ctx, cell)
     if unsure:
         new = _todo_after_helpers(new, flagmod.SCRIPT_UNSURE)
     new = add_imports(new, ctx.imports, aliases if cell is not None else None)
@@ -1296,6 +1298,58 @@ def _todo_after_helpers(module: cst.Module, rule: flagmod.FlagRule) -> cst.Modul
         return module
     body[at] = _with_todos(body[at], [rule])
     return module.with_changes(body=body)
+
+
+def _flag_settings_after_start(tree: ast.AST, ctx: Ctx, cell: int | None) -> None:
+    """Flag each module-level environment setting (`os.environ[...] = ...`, `os.environ.update(...)`,
+    `os.putenv(...)`) that comes after the first module code, where the group start goes (`_settings_end`): the
+    start does not see it (review rv32q)."""
+    body = list(getattr(tree, "body", []))
+    i = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else 0
+    while i < len(body) and (isinstance(body[i], (ast.Import, ast.ImportFrom)) or _is_setting(body[i], True)):
+        i += 1  # what `_settings_end` lets go before the start: imports, settings, statements calling nothing
+    rule = flagmod.SETTING_AFTER_START
+    for stmt in body[i:]:
+        for node in ast.walk(stmt) if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                else ():
+            if isinstance(node, ast.stmt) and _is_setting(node, False) and _start_reads(node):
+                ctx.flags.append(Flag(line=node.lineno, rule=rule.rule, reason=rule.reason,
+                                      suggestion=rule.suggestion, code=ast.unparse(node).splitlines()[0],
+                                      cell=cell))
+
+
+# settings the group start reads (the runtime's cores, the rendezvous, c10d's and the backend's options); compiler
+# settings (NEURON_CC_FLAGS, XLA_FLAGS) are read at the first compile, later
+_READ_AT_START = ("NEURON_RT_", "NEURON_LOGICAL_NC", "MASTER_", "TORCH_DISTRIBUTED", "TORCH_NCCL", "WORLD_SIZE",
+                  "RANK", "LOCAL_", "GROUP_", "TORCHELASTIC", "GLOO_", "COLLECTIVE_BUCKETSIZE", "NEURON_USE_SPLIT")
+
+
+def _start_reads(stmt: ast.stmt) -> bool:
+    """A setting whose variable the start may read: one of `_READ_AT_START`, or one it cannot name (a variable
+    key, `os.environ.update(cfg)`)."""
+    keys = [n.slice for n in ast.walk(stmt) if isinstance(n, ast.Subscript)] or [
+        a for c in ast.walk(stmt) if isinstance(c, ast.Call) for a in c.args[:1]]
+    literal = [k.value for k in keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+    kwargs = [k.arg for c in ast.walk(stmt) if isinstance(c, ast.Call) for k in c.keywords if k.arg]
+    named = literal + kwargs
+    if not named or len(literal) < len(keys):
+        return True
+    return any(name.startswith(_READ_AT_START) for name in named)
+
+
+def _is_setting(stmt: ast.stmt, or_inert: bool) -> bool:
+    """An environment setting as a statement; with `or_inert`, also any simple statement that calls nothing but
+    `os.environ` / `sys.path` methods (a constant), as `_settings_end` counts them."""
+    if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        if any(isinstance(t, ast.Subscript) and ast.unparse(t.value) == "os.environ" for t in targets):
+            return True
+    calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call)]
+    if isinstance(stmt, ast.Expr) and calls and ast.unparse(calls[0].func).startswith(("os.environ.", "os.putenv")):
+        return True
+    simple = not isinstance(stmt, (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.FunctionDef,
+                                   ast.AsyncFunctionDef, ast.ClassDef, ast.AsyncFor, ast.AsyncWith))
+    return or_inert and simple and all(ast.unparse(c.func).startswith(_SETTING_CALLS) for c in calls)
 
 
 def _settings_end(body: Sequence[Stmt], at: int) -> int:
