@@ -176,7 +176,8 @@ SETTING_AFTER_START = FlagRule(
     "that the migration puts before that code (as early as XLA's runtime joined the processes). The start reads the "
     "machine's settings (`NEURON_RT_VISIBLE_CORES`, `TORCH_DISTRIBUTED_DEBUG`, ...) and does not see this one; "
     "XLA's runtime read them at the first device use, later.",
-    "move the setting above the module code, next to the imports (or set it in the launch environment).")
+    "set it in the launch environment (`NEURON_RT_VISIBLE_CORES=... torchrun ...`), or, when its value is known "
+    "before the module code runs, move it next to the imports.")
 SCRIPT_UNSURE = FlagRule(
     "xla-script-unsure", "The migration cannot tell whether this file is a script or a library: its module-level "
     "code calls something it does not know (not a function of this file, not an entry point like main()). A "

@@ -1015,7 +1015,9 @@ def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON
     if starts:  # a file whose only script sign is its `__main__` block starts the group only when run as one
         new = _start_group_first(new, starts, guarded=early and kind == "main")
     if early and tree is not None:
-        _flag_settings_after_start(tree, ctx, cell)
+        flagged = _flag_settings_after_start(tree, ctx, cell)
+        if flagged:
+            new = new.visit(_SettingTodos(flagged))
     if unsure:
         new = _todo_after_helpers(new, flagmod.SCRIPT_UNSURE)
     new = add_imports(new, ctx.imports, aliases if cell is not None else None)
@@ -1300,56 +1302,104 @@ def _todo_after_helpers(module: cst.Module, rule: flagmod.FlagRule) -> cst.Modul
     return module.with_changes(body=body)
 
 
-def _flag_settings_after_start(tree: ast.AST, ctx: Ctx, cell: int | None) -> None:
-    """Flag each module-level environment setting (`os.environ[...] = ...`, `os.environ.update(...)`,
-    `os.putenv(...)`) that comes after the first module code, where the group start goes (`_settings_end`): the
-    start does not see it (review rv32q)."""
+def _flag_settings_after_start(tree: ast.AST, ctx: Ctx, cell: int | None) -> set[str]:
+    """Flag each module-level environment setting (`os.environ[...] = ...`, `del os.environ[...]`,
+    `os.environ.update(...)`, `os.putenv(...)`; also under `from os import environ`) that the start may read and
+    that comes after the first module code, where the group start goes (`_settings_end`): the start does not see it
+    (reviews rv32q, rv32r). Function bodies run later and are not looked at. Returns the flagged statements' code,
+    which gets the TODO."""
     body = list(getattr(tree, "body", []))
     i = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else 0
-    while i < len(body) and (isinstance(body[i], (ast.Import, ast.ImportFrom)) or _is_setting(body[i], True)):
+    while i < len(body) and (isinstance(body[i], (ast.Import, ast.ImportFrom)) or _is_inert(body[i])):
         i += 1  # what `_settings_end` lets go before the start: imports, settings, statements calling nothing
     rule = flagmod.SETTING_AFTER_START
-    for stmt in body[i:]:
-        for node in ast.walk(stmt) if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
-                else ():
-            if isinstance(node, ast.stmt) and _is_setting(node, False) and _start_reads(node):
-                ctx.flags.append(Flag(line=node.lineno, rule=rule.rule, reason=rule.reason,
-                                      suggestion=rule.suggestion, code=ast.unparse(node).splitlines()[0],
-                                      cell=cell))
+    flagged: set[str] = set()
+    todo = list(body[i:])
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue  # runs when called, not at import
+        keys = _environ_keys(node) if isinstance(node, ast.stmt) else None
+        if keys is not None and _start_reads(keys):
+            code = ast.unparse(node)
+            ctx.flags.append(Flag(line=node.lineno, rule=rule.rule, reason=rule.reason, suggestion=rule.suggestion,
+                                  code=code.splitlines()[0], cell=cell))
+            flagged.add(code)
+            continue
+        todo[:0] = list(ast.iter_child_nodes(node))
+    return flagged
 
 
-# settings the group start reads (the runtime's cores, the rendezvous, c10d's and the backend's options); compiler
-# settings (NEURON_CC_FLAGS, XLA_FLAGS) are read at the first compile, later
-_READ_AT_START = ("NEURON_RT_", "NEURON_LOGICAL_NC", "MASTER_", "TORCH_DISTRIBUTED", "TORCH_NCCL", "WORLD_SIZE",
-                  "RANK", "LOCAL_", "GROUP_", "TORCHELASTIC", "GLOO_", "COLLECTIVE_BUCKETSIZE", "NEURON_USE_SPLIT")
+# the variables the group start reads: the launcher's, the rendezvous, the runtime's cores, c10d's and the
+# backend's options (compiler settings, NEURON_CC_FLAGS and XLA_FLAGS, are read at the first compile, later)
+_READ_AT_START = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                            "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
+_READ_AT_START_PREFIXES = ("NEURON_RT_", "NEURON_LOGICAL_NC", "TORCH_DISTRIBUTED", "TORCH_NCCL", "TORCHELASTIC",
+                           "GLOO_", "COLLECTIVE_BUCKETSIZE", "NEURON_USE_SPLIT")
 
 
-def _start_reads(stmt: ast.stmt) -> bool:
-    """A setting whose variable the start may read: one of `_READ_AT_START`, or one it cannot name (a variable
-    key, `os.environ.update(cfg)`)."""
-    keys = [n.slice for n in ast.walk(stmt) if isinstance(n, ast.Subscript)] or [
-        a for c in ast.walk(stmt) if isinstance(c, ast.Call) for a in c.args[:1]]
-    literal = [k.value for k in keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
-    kwargs = [k.arg for c in ast.walk(stmt) if isinstance(c, ast.Call) for k in c.keywords if k.arg]
-    named = literal + kwargs
-    if not named or len(literal) < len(keys):
-        return True
-    return any(name.startswith(_READ_AT_START) for name in named)
+def _is_environ(node: ast.AST) -> bool:
+    return ast.unparse(node) in ("os.environ", "environ")
 
 
-def _is_setting(stmt: ast.stmt, or_inert: bool) -> bool:
-    """An environment setting as a statement; with `or_inert`, also any simple statement that calls nothing but
-    `os.environ` / `sys.path` methods (a constant), as `_settings_end` counts them."""
-    if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-        if any(isinstance(t, ast.Subscript) and ast.unparse(t.value) == "os.environ" for t in targets):
-            return True
-    calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call)]
-    if isinstance(stmt, ast.Expr) and calls and ast.unparse(calls[0].func).startswith(("os.environ.", "os.putenv")):
-        return True
-    simple = not isinstance(stmt, (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.FunctionDef,
-                                   ast.AsyncFunctionDef, ast.ClassDef, ast.AsyncFor, ast.AsyncWith))
-    return or_inert and simple and all(ast.unparse(c.func).startswith(_SETTING_CALLS) for c in calls)
+def _environ_keys(stmt: ast.stmt) -> list[str | None] | None:
+    """The variables a statement sets or deletes in the environment (None for one it cannot name), or None when it
+    is no environment setting."""
+    if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+        targets = stmt.targets if isinstance(stmt, (ast.Assign, ast.Delete)) else [stmt.target]
+        keys = [t.slice for t in targets if isinstance(t, ast.Subscript) and _is_environ(t.value)]
+        return [_literal(k) for k in keys] or None
+    if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+        return None
+    call = stmt.value
+    name = ast.unparse(call.func)
+    if name in ("os.putenv", "os.unsetenv") or (isinstance(call.func, ast.Attribute) and _is_environ(call.func.value)
+                                                and call.func.attr in ("setdefault", "pop", "__setitem__")):
+        return [_literal(call.args[0]) if call.args else None]
+    if isinstance(call.func, ast.Attribute) and _is_environ(call.func.value) and call.func.attr == "update":
+        keys: list[str | None] = [k.arg for k in call.keywords if k.arg]
+        for a in call.args:
+            keys += [_literal(k) for k in a.keys] if isinstance(a, ast.Dict) and None not in a.keys else [None]
+        return keys or None
+    return None
+
+
+def _literal(node: ast.AST | None) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _start_reads(keys: Sequence[str | None]) -> bool:
+    """A setting of a variable the start may read, or of one it cannot name (a variable key, `update(cfg)`)."""
+    return any(k is None or k in _READ_AT_START or k.startswith(_READ_AT_START_PREFIXES) for k in keys)
+
+
+def _is_inert(stmt: ast.stmt) -> bool:
+    """A simple statement that calls nothing but `os.environ` / `sys.path` methods (a setting, a constant), as
+    `_settings_end` counts them."""
+    if isinstance(stmt, (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.FunctionDef, ast.AsyncFunctionDef,
+                         ast.ClassDef, ast.AsyncFor, ast.AsyncWith)):
+        return False
+    return all(ast.unparse(c.func).startswith(_SETTING_CALLS) for c in ast.walk(stmt) if isinstance(c, ast.Call))
+
+
+class _SettingTodos(cst.CSTTransformer):
+    """The TODO of `xla-setting-after-start` above each flagged setting (found by its code), so that it outlives the
+    report: a second pass lists it as an open TODO."""
+
+    def __init__(self, codes: set[str]) -> None:
+        super().__init__()
+        self.codes = codes
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False  # settings in functions were not flagged
+
+    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine,
+                                  updated: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+        try:
+            code = ast.unparse(ast.parse(cst.Module(body=[original.with_changes(leading_lines=[])]).code))
+        except SyntaxError:
+            return updated
+        return _with_todos(updated, [flagmod.SETTING_AFTER_START]) if code in self.codes else updated
 
 
 def _settings_end(body: Sequence[Stmt], at: int) -> int:
