@@ -1017,7 +1017,7 @@ def migrate_module(module: cst.Module, aliases: Aliases, target: Target = NEURON
     if early and tree is not None:
         flagged = _flag_settings_after_start(tree, ctx, cell)
         if flagged:
-            new = new.visit(_SettingTodos(flagged))
+            new = new.visit(_SettingTodos(flagged, _environ_names(list(getattr(tree, "body", [])))))
     if unsure:
         new = _todo_after_helpers(new, flagmod.SCRIPT_UNSURE)
     new = add_imports(new, ctx.imports, aliases if cell is not None else None)
@@ -1302,32 +1302,59 @@ def _todo_after_helpers(module: cst.Module, rule: flagmod.FlagRule) -> cst.Modul
     return module.with_changes(body=body)
 
 
-def _flag_settings_after_start(tree: ast.AST, ctx: Ctx, cell: int | None) -> set[str]:
-    """Flag each module-level environment setting (`os.environ[...] = ...`, `del os.environ[...]`,
-    `os.environ.update(...)`, `os.putenv(...)`; also under `from os import environ`) that the start may read and
-    that comes after the first module code, where the group start goes (`_settings_end`): the start does not see it
-    (reviews rv32q, rv32r). Function bodies run later and are not looked at. Returns the flagged statements' code,
-    which gets the TODO."""
+def _flag_settings_after_start(tree: ast.AST, ctx: Ctx, cell: int | None) -> dict[str, set[int]]:
+    """Flag each module-level environment setting (`os.environ[...] = ...`, `del os.environ[...]`, `|=`,
+    `os.environ.update(...)`, `os.putenv(...)`; also through `import os as o`, `from os import environ as E`,
+    `env = os.environ`) that the start may read and that comes after the first module code, where the group start
+    goes (`_settings_end`): the start does not see it (reviews rv32q, rv32r, rv32s). Function bodies run later and
+    are not looked at, nor what a `__main__` block does after its first call (XLA read nothing later either).
+    Returns, per flagged statement's code, which of that code's occurrences (in file order) get the TODO."""
     body = list(getattr(tree, "body", []))
+    environ = _environ_names(body)
     i = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else 0
     while i < len(body) and (isinstance(body[i], (ast.Import, ast.ImportFrom)) or _is_inert(body[i])):
         i += 1  # what `_settings_end` lets go before the start: imports, settings, statements calling nothing
     rule = flagmod.SETTING_AFTER_START
-    flagged: set[str] = set()
-    todo = list(body[i:])
+    flagged: dict[str, set[int]] = {}
+    seen: dict[str, int] = {}
+    todo: list[tuple[ast.AST, bool]] = [(stmt, n >= i) for n, stmt in enumerate(body)]
     while todo:
-        node = todo.pop(0)
+        node, after = todo.pop(0)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             continue  # runs when called, not at import
-        keys = _environ_keys(node) if isinstance(node, ast.stmt) else None
-        if keys is not None and _start_reads(keys):
+        keys = _environ_keys(node, environ) if isinstance(node, ast.stmt) else None
+        if keys is not None:
             code = ast.unparse(node)
-            ctx.flags.append(Flag(line=node.lineno, rule=rule.rule, reason=rule.reason, suggestion=rule.suggestion,
-                                  code=code.splitlines()[0], cell=cell))
-            flagged.add(code)
+            seen[code] = seen.get(code, -1) + 1
+            if after and _start_reads(keys):
+                ctx.flags.append(Flag(line=node.lineno, rule=rule.rule, reason=rule.reason,
+                                      suggestion=rule.suggestion, code=code.splitlines()[0], cell=cell))
+                flagged.setdefault(code, set()).add(seen[code])
             continue
-        todo[:0] = list(ast.iter_child_nodes(node))
+        children: list[tuple[ast.AST, bool]] = [(c, after) for c in ast.iter_child_nodes(node)]
+        if isinstance(node, ast.stmt) and _is_main_test(node):  # after the block's first call: read by no one
+            called = False
+            children = [(node.test, after)]
+            for inner in node.body:
+                children.append((inner, after and not called))
+                called = called or not _is_inert(inner) and _environ_keys(inner, environ) is None
+        todo[:0] = children
     return flagged
+
+
+def _environ_names(body: Sequence[ast.stmt]) -> set[str]:
+    """The spellings of `os.environ` in a file: `os.environ`, `o.environ` after `import os as o`, `E` after `from os
+    import environ as E`, and module-level names bound to one of them (`env = os.environ`)."""
+    names = {"os.environ"}
+    for node in (n for stmt in body for n in ast.walk(stmt)):
+        if isinstance(node, ast.Import):
+            names |= {f"{a.asname}.environ" for a in node.names if a.name == "os" and a.asname}
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            names |= {a.asname or a.name for a in node.names if a.name == "environ"}
+    for stmt in body:
+        if isinstance(stmt, ast.Assign) and ast.unparse(stmt.value) in names:
+            names |= {t.id for t in stmt.targets if isinstance(t, ast.Name)}
+    return names
 
 
 # the variables the group start reads: the launcher's, the rendezvous, the runtime's cores, c10d's and the
@@ -1338,29 +1365,38 @@ _READ_AT_START_PREFIXES = ("NEURON_RT_", "NEURON_LOGICAL_NC", "TORCH_DISTRIBUTED
                            "GLOO_", "COLLECTIVE_BUCKETSIZE", "NEURON_USE_SPLIT")
 
 
-def _is_environ(node: ast.AST) -> bool:
-    return ast.unparse(node) in ("os.environ", "environ")
-
-
-def _environ_keys(stmt: ast.stmt) -> list[str | None] | None:
+def _environ_keys(stmt: ast.stmt, environ: set[str]) -> list[str | None] | None:
     """The variables a statement sets or deletes in the environment (None for one it cannot name), or None when it
-    is no environment setting."""
+    is no environment setting. `environ`: the file's spellings of `os.environ`."""
+    def is_environ(node: ast.AST) -> bool:
+        return ast.unparse(node) in environ
+
+    def dict_keys(value: ast.AST) -> list[str | None]:
+        if isinstance(value, ast.Dict) and None not in value.keys:
+            return [_literal(k) for k in value.keys]
+        return [None]
+
+    if isinstance(stmt, ast.AugAssign) and is_environ(stmt.target):  # `os.environ |= {...}`
+        return dict_keys(stmt.value)
     if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
         targets = stmt.targets if isinstance(stmt, (ast.Assign, ast.Delete)) else [stmt.target]
-        keys = [t.slice for t in targets if isinstance(t, ast.Subscript) and _is_environ(t.value)]
+        keys = [t.slice for t in targets if isinstance(t, ast.Subscript) and is_environ(t.value)]
         return [_literal(k) for k in keys] or None
     if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
         return None
     call = stmt.value
-    name = ast.unparse(call.func)
-    if name in ("os.putenv", "os.unsetenv") or (isinstance(call.func, ast.Attribute) and _is_environ(call.func.value)
-                                                and call.func.attr in ("setdefault", "pop", "__setitem__")):
+    modules = {name[: -len(".environ")] for name in environ if name.endswith(".environ")}
+    func = call.func
+    on_os = isinstance(func, ast.Attribute) and ast.unparse(func.value) in modules
+    if (on_os and func.attr in ("putenv", "unsetenv")) or (  # type: ignore[union-attr]
+            isinstance(func, ast.Attribute) and is_environ(func.value)
+            and func.attr in ("setdefault", "pop", "__setitem__", "__delitem__")):
         return [_literal(call.args[0]) if call.args else None]
-    if isinstance(call.func, ast.Attribute) and _is_environ(call.func.value) and call.func.attr == "update":
-        keys: list[str | None] = [k.arg for k in call.keywords if k.arg]
+    if isinstance(func, ast.Attribute) and is_environ(func.value) and func.attr == "update":
+        keys: list[str | None] = [k.arg for k in call.keywords]  # `**cfg`: None, a key it cannot name
         for a in call.args:
-            keys += [_literal(k) for k in a.keys] if isinstance(a, ast.Dict) and None not in a.keys else [None]
-        return keys or None
+            keys += dict_keys(a)
+        return keys or [None]
     return None
 
 
@@ -1383,23 +1419,34 @@ def _is_inert(stmt: ast.stmt) -> bool:
 
 
 class _SettingTodos(cst.CSTTransformer):
-    """The TODO of `xla-setting-after-start` above each flagged setting (found by its code), so that it outlives the
-    report: a second pass lists it as an open TODO."""
+    """The TODO of `xla-setting-after-start` above each flagged setting, so that it outlives the report (a second
+    pass lists it as an open TODO). Found by its code and which occurrence of that code it is, in file order, as
+    `_flag_settings_after_start` counted them (the same code before the start gets none: rv32s); a line of several
+    statements gets it when one of them is flagged."""
 
-    def __init__(self, codes: set[str]) -> None:
+    def __init__(self, flagged: dict[str, set[int]], environ: set[str]) -> None:
         super().__init__()
-        self.codes = codes
+        self.flagged = flagged
+        self.environ = environ
+        self.seen: dict[str, int] = {}
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False  # settings in functions were not flagged
+        return False  # settings in functions were not counted
 
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine,
                                   updated: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
         try:
-            code = ast.unparse(ast.parse(cst.Module(body=[original.with_changes(leading_lines=[])]).code))
+            stmts = ast.parse(cst.Module(body=[original.with_changes(leading_lines=[])]).code).body
         except SyntaxError:
             return updated
-        return _with_todos(updated, [flagmod.SETTING_AFTER_START]) if code in self.codes else updated
+        hit = False
+        for stmt in stmts:
+            if _environ_keys(stmt, self.environ) is None:
+                continue
+            code = ast.unparse(stmt)
+            self.seen[code] = self.seen.get(code, -1) + 1
+            hit = hit or self.seen[code] in self.flagged.get(code, ())
+        return _with_todos(updated, [flagmod.SETTING_AFTER_START]) if hit else updated
 
 
 def _settings_end(body: Sequence[Stmt], at: int) -> int:
