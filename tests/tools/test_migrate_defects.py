@@ -2533,6 +2533,7 @@ def test_rv32s_a_setting_after_the_main_blocks_first_call_is_not_flagged() -> No
     head = "import os\nimport torch\nimport torch_xla.core.xla_model as xm\n\n\ndef main():\n" \
            "    t = torch.ones(2, device=xm.xla_device())\n    xm.all_reduce(xm.REDUCE_SUM, [t])\n\n\n"
     for block, flagged in (("    main()\n    os.environ['MASTER_PORT'] = '1'\n", False),
-                           ("    os.environ['MASTER_PORT'] = '1'\n    main()\n", True)):
+                           ("    os.environ['MASTER_PORT'] = '1'\n    main()\n", True),
+                           ("    main()\nelse:\n    os.environ['MASTER_PORT'] = '1'\n", True)):  # `else`: at import
         res = migrate_python(head + "if __name__ == '__main__':\n" + block, target=CPU)
         assert [f.rule for f in res.flags].count("xla-setting-after-start") == (1 if flagged else 0), block

@@ -1338,6 +1338,7 @@ def _flag_settings_after_start(tree: ast.AST, ctx: Ctx, cell: int | None) -> dic
             for inner in node.body:
                 children.append((inner, after and not called))
                 called = called or not _is_inert(inner) and _environ_keys(inner, environ) is None
+            children += [(c, after) for c in node.orelse]  # an `else` runs at import: counted in file order too
         todo[:0] = children
     return flagged
 
