@@ -8,6 +8,8 @@ whole suite, or the arguments after ``--``) with the suite plugin's report
 
 * wall seconds per kind, with test counts and the CPU seconds spent in this
   process and in the processes it waited for;
+* per pytest-xdist worker, its tests and how long it sat idle at the end (what ``--dist loadfile`` could not
+  balance);
 * the files that cost most;
 * the slowest tests.
 
@@ -31,6 +33,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from torch_neuronx.testing.bench import report
+from torch_neuronx.testing.suite import worker_balance
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,6 +66,7 @@ def group(costs: list[dict], top: int) -> dict:
     by_file = sorted(files.items(), key=lambda kv: -kv[1]["wall"])
     slowest = sorted(costs, key=lambda c: -c["wall"])[:top]
     return {
+        "workers": worker_balance(costs),
         "tests": len(costs),
         "wall": round(sum(c["wall"] for c in costs), 1),
         "by_kind": dict(sorted(rounded.items(), key=lambda kv: -kv[1]["wall"])),
@@ -76,6 +80,10 @@ def print_table(g: dict) -> None:
     print(f"\n{'kind':<12}{'tests':>7}{'wall s':>9}{'cpu s':>9}{'child cpu s':>13}")
     for kind, d in g["by_kind"].items():
         print(f"{kind:<12}{d['tests']:>7.0f}{d['wall']:>9.1f}{d['cpu']:>9.1f}{d['children_cpu']:>13.1f}")
+    if g.get("workers"):
+        print(f"\n{'worker':<8}{'tests':>7}{'wall s':>9}{'idle at the end s':>19}")
+        for w in g["workers"]:
+            print(f"{w['worker']:<8}{w['tests']:>7}{w['wall']:>9.1f}{w['idle_tail']:>19.1f}")
     print(f"\n{'wall s':>8}  {'tests':>5}  file")
     for f in g["by_file"]:
         print(f"{f['wall']:>8.1f}  {f['tests']:>5}  {f['file']}")

@@ -53,6 +53,10 @@ def test_costs_kinds_and_the_budget(tmp_path: Path) -> None:
     assert by_name["test_compiles"]["kind"] == "compile"
     assert by_name["test_fails"]["outcome"] == "failed" and by_name["test_quick"]["outcome"] == "passed"
     assert "tests over the time budget" in out and "test_sample.py::test_sleeps" in out
+    # without xdist no worker is named; each record says when its test ended, in the order they ran
+    assert {c["worker"] for c in costs} == {""}
+    assert [c["nodeid"] for c in sorted(costs, key=lambda c: c["finished"])] == [c["nodeid"] for c in costs]
+    assert suite.worker_balance(costs) == []
 
     # A budget the tests fit: the same passing tests stay green.
     rc, out, costs = _run(tmp_path, "-k", "sleeps or quick", "--test-budget=60")
@@ -78,3 +82,16 @@ def test_exceptions_name_a_reason() -> None:
         assert nodeid.startswith("tests/") and "::" in nodeid, nodeid
         assert len(reason.split()) >= 5, f"{nodeid}: say why it cannot be cut"
         assert Path(nodeid.split("::")[0]).exists() or (Path(__file__).parents[2] / nodeid.split("::")[0]).exists()
+
+
+def test_worker_balance_names_each_workers_idle_tail() -> None:
+    def cost(worker: str, wall: float, finished: float) -> dict:
+        return {"nodeid": f"tests/x.py::t{finished}", "wall": wall, "worker": worker, "finished": finished}
+
+    costs = [cost("gw0", 10.0, 1000.0), cost("gw1", 30.0, 1030.0), cost("gw0", 5.0, 1012.5), cost("gw1", 1.0, 1031.0)]
+    assert suite.worker_balance(costs) == [
+        {"worker": "gw0", "tests": 2, "wall": 15.0, "idle_tail": 18.5},  # its last test ended 18.5 s before gw1's
+        {"worker": "gw1", "tests": 2, "wall": 31.0, "idle_tail": 0.0},
+    ]
+    # a report written before finish times were recorded: no balance is claimed
+    assert suite.worker_balance([{"nodeid": "a", "wall": 1.0, "worker": "gw0"}]) == []

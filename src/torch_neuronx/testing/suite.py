@@ -88,6 +88,8 @@ class TestCost:
     kind: str
     outcome: str
     limit: float
+    worker: str = ""  # the pytest-xdist worker that ran it ("" without xdist)
+    finished: float = 0.0  # when its teardown ended (epoch seconds): the workers' idle tails show from these
 
 
 def _cpu() -> tuple[float, float]:
@@ -111,6 +113,23 @@ def _load_factor() -> float:
     except (OSError, AttributeError):
         return 1.0
     return min(4.0, max(1.0, load / max(1, cores)))
+
+
+def worker_balance(costs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per pytest-xdist worker of a report: its tests, their summed wall seconds, and its idle tail (seconds between
+    its last test's end and the last worker's): the time ``--dist loadfile`` could not give it. Empty for a report
+    without xdist workers or finish times (reports written before they were recorded)."""
+    if not costs or not all(c.get("finished") for c in costs) or not any(c.get("worker") for c in costs):
+        return []
+    last = max(c["finished"] for c in costs)
+    per: dict[str, dict[str, float]] = {}
+    for c in costs:
+        w = per.setdefault(c.get("worker") or "controller", {"tests": 0, "wall": 0.0, "finished": 0.0})
+        w["tests"] += 1
+        w["wall"] += c["wall"]
+        w["finished"] = max(w["finished"], c["finished"])
+    return [{"worker": name, "tests": int(w["tests"]), "wall": round(w["wall"], 1),
+             "idle_tail": round(last - w["finished"], 1)} for name, w in sorted(per.items())]
 
 
 class SuiteBudget:
@@ -173,7 +192,8 @@ class SuiteBudget:
         kind = self._kind(item, child, self._graphs.pop(item.nodeid, 0))
         cost = TestCost(item.nodeid, item.nodeid.split("::")[0], round(time.monotonic() - t0, 3),
                         round(own - own0, 3), round(child, 3), kind,
-                        "passed", round((self.budget or 0.0) * factor, 3))
+                        "passed", round((self.budget or 0.0) * factor, 3),
+                        os.environ.get("PYTEST_XDIST_WORKER", ""), round(time.time(), 3))
         report.user_properties.append(("suite_cost", asdict(cost)))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
