@@ -135,9 +135,10 @@ def worker_balance(costs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 class SuiteBudget:
     """Collects :class:`TestCost` records and judges them against the budget."""
 
-    def __init__(self, report: str | None, budget: float | None) -> None:
+    def __init__(self, report: str | None, budget: float | None, worker: str = "") -> None:
         self.report = report
         self.budget = budget
+        self.worker = worker  # this process's pytest-xdist worker id ("" when it is not one)
         self.costs: list[TestCost] = []
         self._start: dict[str, tuple[float, float, float, float]] = {}
         self._sources: dict[str, str] = {}
@@ -193,7 +194,7 @@ class SuiteBudget:
         cost = TestCost(item.nodeid, item.nodeid.split("::")[0], round(time.monotonic() - t0, 3),
                         round(own - own0, 3), round(child, 3), kind,
                         "passed", round((self.budget or 0.0) * factor, 3),
-                        os.environ.get("PYTEST_XDIST_WORKER", ""), round(time.time(), 3))
+                        self.worker, round(time.time(), 3))
         report.user_properties.append(("suite_cost", asdict(cost)))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -273,4 +274,7 @@ def pytest_configure(config: pytest.Config) -> None:
     report = config.getoption("--suite-report")
     if report is not None and not getattr(config, "workerinput", None):  # the controller writes it, once
         _check_writable(report)
-    config.pluginmanager.register(SuiteBudget(config.getoption("--suite-report"), budget), "torch-neuronx-budget")
+    # the worker id from xdist's own config, not $PYTEST_XDIST_WORKER, which a pytest run inside a test inherits
+    worker = getattr(config, "workerinput", {}).get("workerid", "")
+    config.pluginmanager.register(SuiteBudget(config.getoption("--suite-report"), budget, worker),
+                                  "torch-neuronx-budget")
