@@ -11,13 +11,17 @@ whole suite, or the arguments after ``--``) with the suite plugin's report
 * per pytest-xdist worker, its tests and how long it sat idle at the end (what ``--dist loadfile`` could not
   balance);
 * the files that cost most;
-* the slowest tests.
+* the slowest tests;
+* with ``--compilers``, the C++ compiler's CPU seconds (Inductor's kernels, its ISA probes, header
+  preprocessing) by kind and by test file, recorded by a wrapper put first as ``$CXX``
+  (``torch_neuronx.testing.compiler_time``).
 
 Usage::
 
     python benchmarks/bench_suite.py                          # the whole suite, as CI runs it
     python benchmarks/bench_suite.py -- tests/tools -x        # a part of it
     python benchmarks/bench_suite.py --from report.json       # group a report pytest wrote (--suite-report)
+    python benchmarks/bench_suite.py --compilers              # also where the C++ compiler's CPU goes
 """
 
 from __future__ import annotations
@@ -33,14 +37,18 @@ from collections import defaultdict
 from pathlib import Path
 
 from torch_neuronx.testing.bench import report
+from torch_neuronx.testing.compiler_time import LOG_ENV, compiler_costs, real_compiler, write_wrapper
 from torch_neuronx.testing.suite import worker_balance
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_suite(pytest_args: list[str], path: Path) -> tuple[int, float]:
-    """Run pytest with the suite report into `path`; its exit code and wall seconds."""
+def run_suite(pytest_args: list[str], path: Path, cxx: tuple[Path, Path] | None = None) -> tuple[int, float]:
+    """Run pytest with the suite report into `path` (and, given `cxx` = (wrapper, log), the recording compiler
+    wrapper as the C++ compiler); its exit code and wall seconds."""
     env = dict(os.environ)
+    if cxx is not None:
+        env["CXX"], env[LOG_ENV] = str(cxx[0]), str(cxx[1])
     # Private, cold compile caches, as .ci/run has them.
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path.parent / "inductor"))
     env.setdefault("XDG_CACHE_HOME", str(path.parent / "cache"))  # the neuron backend's cache lives under it
@@ -92,6 +100,16 @@ def print_table(g: dict) -> None:
         print(f"{t['wall']:>8.1f}  {t['kind']:<11} {t['test']}")
 
 
+def print_compilers(c: dict) -> None:
+    print(f"\nC++ compiler: {c['calls']} calls, {c['cpu']:.1f} CPU s")
+    print(f"{'kind':<12}{'calls':>7}{'cpu s':>9}")
+    for kind, d in c["by_kind"].items():
+        print(f"{kind:<12}{d['calls']:>7}{d['cpu']:>9.1f}")
+    print(f"\n{'cpu s':>8}  {'calls':>5}  file (the test running when the compiler was called)")
+    for f in c["by_file"]:
+        print(f"{f['cpu']:>8.1f}  {f['calls']:>5}  {f['file']}")
+
+
 def main() -> int:
     argv = sys.argv[1:]
     pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -100,9 +118,18 @@ def main() -> int:
     parser.add_argument("--from", dest="source", metavar="REPORT", help="group an existing --suite-report JSON")
     parser.add_argument("--top", type=int, default=30, help="files and tests to list (default 30)")
     parser.add_argument("--json", metavar="PATH", help="write the grouped figures as JSON")
+    parser.add_argument("--compilers", action="store_true",
+                        help="also record the C++ compiler's calls (a wrapper as $CXX) and sum them by kind and file")
     args = parser.parse_args(own)
     if args.top <= 0:
         parser.error(f"--top must be positive, got {args.top}")
+    if args.compilers and args.source:
+        parser.error("--compilers records a run; it cannot be read back from a --from report")
+    if args.compilers:
+        try:
+            real_compiler()
+        except RuntimeError as exc:
+            parser.error(str(exc))
     extra: dict = {}
     if args.json:
         try:  # refuse an unwritable output before running anything
@@ -124,14 +151,20 @@ def main() -> int:
     else:
         with tempfile.TemporaryDirectory(prefix="bench_suite_") as tmp:
             path = Path(tmp) / "suite.json"
-            rc, seconds = run_suite(pytest_args, path)
+            log = Path(tmp) / "cxx.tsv"
+            cxx = (write_wrapper(), log) if args.compilers else None
+            rc, seconds = run_suite(pytest_args, path, cxx)
             if not path.exists():
                 print(f"pytest exited {rc} without a report", file=sys.stderr)
                 return 1
             costs = json.loads(path.read_text())
-        extra = {"pytest_exit": rc, "pytest_wall": round(seconds, 1), "load_avg": os.getloadavg()}
+            if args.compilers:
+                extra["compilers"] = compiler_costs(log.read_text().splitlines() if log.exists() else [], args.top)
+        extra.update({"pytest_exit": rc, "pytest_wall": round(seconds, 1), "load_avg": os.getloadavg()})
     g = {**group(costs, args.top), **extra}
     print_table(g)
+    if "compilers" in extra:
+        print_compilers(extra["compilers"])
     if extra:
         print(f"\npytest exit {extra['pytest_exit']}, {extra['pytest_wall']:.0f} s, load {extra['load_avg']}")
     if args.json:
