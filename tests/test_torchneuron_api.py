@@ -78,9 +78,7 @@ def test_every_variable_the_code_reads_is_in_the_table() -> None:
     text = "\n".join(p.read_text() for p in root.rglob("*.py") if "migrate" not in p.parts) + "\n".join(
         p.read_text() for p in (root / "csrc").rglob("*.cpp"))
     read = set(re.findall(r"\"((?:TORCH_NEURONX|NEURON)_[A-Z0-9_]+)\"", text))
-    # test tooling's own knobs, in torch_neuronx.testing: the fuzzer's, and the log bench_suite --compilers hands its
-    # C++ compiler wrapper (testing/compiler_time.py)
-    read -= {"TORCH_NEURONX_FUZZ_EXAMPLES", "TORCH_NEURONX_CXX_LOG"}
+    read -= {"TORCH_NEURONX_FUZZ_EXAMPLES"}  # the fuzzer's own test knob, in torch_neuronx.testing
     assert read <= set(env.VARIABLES), sorted(read - set(env.VARIABLES))
 
 

@@ -9,11 +9,14 @@ directory, and the preprocessing of the precompiled header. To tell them
 apart, ``benchmarks/bench_suite.py --compilers`` puts :func:`write_wrapper`'s
 script first as ``$CXX`` (Inductor reads ``CXX``; every process the tests
 start inherits it): it runs the real compiler unchanged (arguments, exit
-status, output and errors pass through) and, when ``$TORCH_NEURONX_CXX_LOG``
+status, output and errors pass through) and, when ``$BENCH_SUITE_CXX_LOG``
 names a file it can append to, appends one line per call with the call's
 kind, user and system CPU seconds and the test that was running
 (``$PYTEST_CURRENT_TEST``, inherited by the test's subprocesses).
-:func:`compiler_costs` sums that log.
+:func:`compiler_costs` sums that log. A process whose environment was rebuilt
+without ``$CXX`` compiles with the real compiler, unseen. The log variable is
+named outside the ``TORCH_NEURONX_``/``NEURON_`` prefixes, which
+``testing/workers.py`` strips from the ranks it starts.
 
 Keep the wrapper at one path (:func:`wrapper_dir`): Inductor keys its
 precompiled header by the compiler's command line, path included, and keeps
@@ -31,7 +34,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 KINDS = ("kernel", "isa-check", "header", "preprocess", "other")
-LOG_ENV = "TORCH_NEURONX_CXX_LOG"  # the file the wrapper appends to; unset (or not writable): it only compiles
+LOG_ENV = "BENCH_SUITE_CXX_LOG"  # the file the wrapper appends to; unset (or not writable): it only compiles
 
 # The wrapper. bash's `time` keyword writes the line (TIMEFORMAT) to the group's stderr, which is the log; the
 # compiler's own stderr goes to the caller through fd 3. A kind is read from the arguments: -E preprocesses, a .gch
@@ -41,7 +44,7 @@ _SCRIPT = r"""#!/usr/bin/env bash
 # Written by torch_neuronx.testing.compiler_time (benchmarks/bench_suite.py --compilers): runs the real C++
 # compiler and appends one line per call to the log. Delete it with its folder.
 real=@REAL@
-log="${TORCH_NEURONX_CXX_LOG:-}"
+log="${BENCH_SUITE_CXX_LOG:-}"
 # No log, or one that cannot be appended to: compile, record nothing (a compile never fails for the log's sake).
 if [ -z "$log" ] || ! { : >>"$log"; } 2>/dev/null; then exec "$real" "$@"; fi
 kind=other
@@ -89,7 +92,7 @@ def wrapper_dir() -> Path:
 def write_wrapper(directory: Path | None = None, real: str | None = None) -> Path:
     """Write the recording wrapper as ``directory/g++`` (default :func:`wrapper_dir`; named so, since Inductor
     picks its precompiled-header format by the compiler's name) around `real` (default :func:`real_compiler`).
-    Its calls are logged to the file ``$TORCH_NEURONX_CXX_LOG`` names in their environment."""
+    Its calls are logged to the file ``$BENCH_SUITE_CXX_LOG`` names in their environment."""
     directory = directory or wrapper_dir()
     real = real or real_compiler()
     if Path(real).resolve().parent == directory.resolve():
