@@ -315,10 +315,16 @@ def test_a_later_layout_of_a_launch_counts_the_groups_an_earlier_one_made(large_
 
 def test_the_memory_bound_holds_under_tp_with_a_large_vocabulary(large_vocabulary_tp_plan: Plan) -> None:
     # the loss's backward under TP x FSDP / DP counted the LM head's slice and the gathered logits, which are freed
-    # by then: +13.1% and +10.9% over the measured peaks; docs/plan.md's bound is 5.7%
+    # by then: +13.1% and +10.9% over the measured peaks; docs/plan.md's bound is 5.7%, and under FSDP2 a run may
+    # measure up to two gathered decoder layers more (whether they are still alive while the loss runs backward
+    # depends on the order the ranks' autograd threads free them: the 2x1x2x1 row measured 40.77 MB in docs/plan.md's
+    # run and 43.92 MB, -5.71%, in a CI run of 2026-12-05)
     measured = [lp for lp in large_vocabulary_tp_plan.layouts if lp.measured is not None]
     assert len(measured) == 2
+    spec = large_vocabulary_tp_plan.model
     for lp in measured:
         m = lp.measured
         assert m is not None and m["comm_exact"]
-        assert abs(m["memory_error"]) <= 0.057, (lp.layout, m["peak_allocated"], m["analytic_peak"])
+        gathered = 2 * spec.layer_params / lp.layout.tp * 4 if lp.layout.fsdp > 1 else 0  # fp32 bytes per rank
+        low = -0.057 - gathered / m["peak_allocated"]
+        assert low <= m["memory_error"] <= 0.057, (lp.layout, m["peak_allocated"], m["analytic_peak"], low)
