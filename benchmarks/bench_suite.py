@@ -37,7 +37,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from torch_neuronx.testing.bench import report
-from torch_neuronx.testing.compiler_time import LOG_ENV, compiler_costs, real_compiler, write_wrapper
+from torch_neuronx.testing.compiler_time import LOG_ENV, compiler_costs, write_wrapper
 from torch_neuronx.testing.suite import worker_balance
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,11 +125,12 @@ def main() -> int:
         parser.error(f"--top must be positive, got {args.top}")
     if args.compilers and args.source:
         parser.error("--compilers records a run; it cannot be read back from a --from report")
+    wrapper = None
     if args.compilers:
-        try:
-            real_compiler()
-        except RuntimeError as exc:
-            parser.error(str(exc))
+        try:  # no compiler, CXX naming the wrapper itself, or an unwritable cache folder: refused before any run
+            wrapper = write_wrapper()
+        except (RuntimeError, ValueError, OSError) as exc:
+            parser.error(f"--compilers: {exc}")
     extra: dict = {}
     if args.json:
         try:  # refuse an unwritable output before running anything
@@ -152,7 +153,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="bench_suite_") as tmp:
             path = Path(tmp) / "suite.json"
             log = Path(tmp) / "cxx.tsv"
-            cxx = (write_wrapper(), log) if args.compilers else None
+            cxx = (wrapper, log) if wrapper is not None else None
             rc, seconds = run_suite(pytest_args, path, cxx)
             if not path.exists():
                 print(f"pytest exited {rc} without a report", file=sys.stderr)
