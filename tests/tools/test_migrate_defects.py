@@ -949,9 +949,12 @@ def train(index, *extra):
     xm.mark_step()
     it = iter(range(3))
     xm.master_print([v for v in it])
-    print("RESULT " + json.dumps({"rank": rank, "extra": list(extra), "acc": acc, "seen": seen, "left": list(it),
-                                  "w": model.weight.detach().cpu().flatten().tolist(),
-                                  "addressable": xr.addressable_device_count()}), flush=True)
+    # one write, line and newline together: both ranks share torchrun's stdout, and print() under -u writes the
+    # newline apart, so two ranks' lines could interleave ("RESULT {..}RESULT {..}")
+    sys.stdout.write("RESULT " + json.dumps({"rank": rank, "extra": list(extra), "acc": acc, "seen": seen,
+                                             "left": list(it), "w": model.weight.detach().cpu().flatten().tolist(),
+                                             "addressable": xr.addressable_device_count()}) + "\\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
