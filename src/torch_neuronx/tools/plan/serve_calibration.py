@@ -94,9 +94,14 @@ def fit_rows() -> list[Row]:
 
 
 def fit() -> serve.Factors:
-    """The factors that best predict the fitted (Inf2) rows' TTFT and TPOT p50, in log space."""
+    """The factors that best predict the fitted (Inf2) rows' TTFT and TPOT p50, in log space (needs SciPy, which
+    the ``test`` extra installs; ``plan --serve`` itself only reads the fitted constants)."""
     import numpy as np
-    from scipy.optimize import least_squares
+    try:
+        from scipy.optimize import least_squares
+    except ImportError as e:
+        raise ImportError("refitting plan --serve's factors needs SciPy: pip install scipy "
+                          "(or the test extra: pip install -e '.[test]')") from e
 
     fitted = fit_rows()
 
