@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -95,3 +96,64 @@ def test_worker_balance_names_each_workers_idle_tail() -> None:
     ]
     # a report written before finish times were recorded: no balance is claimed
     assert suite.worker_balance([{"nodeid": "a", "wall": 1.0, "worker": "gw0"}]) == []
+
+
+PICK = ("from torch._inductor import cpu_vec_isa as v; i = v.pick_vec_isa(); "
+        "print(type(i).__name__, '|', str(i), '|', i.build_arch_flags())")
+
+
+def test_trusting_the_cpus_vector_isa_picks_what_the_probes_pick(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run trusts the CPU's vector ISA claims (TORCHINDUCTOR_VEC_ISA_OK=1) only where that changes nothing
+    Inductor compiles: the same ISA and flags as its probes give (the reference: a fresh process that probes)."""
+    for var in ("TORCHINDUCTOR_VEC_ISA_OK", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # no answer kept: the check runs
+    suite._trust_the_probed_vector_isa()
+    trusted = os.environ.get("TORCHINDUCTOR_VEC_ISA_OK")
+    kept = tmp_path / "xdg" / "torch_neuronx" / "vec-isa-check.json"
+    assert json.loads(kept.read_text()) == {"key": suite._isa_check_key(), "ok": trusted == "1"}
+    if trusted is None:
+        pytest.skip("this machine's compiler fails the probe of the ISA its CPU claims: the run keeps the probes")
+    assert trusted == "1"
+
+    def pick(**env: str) -> str:
+        run_env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_VEC_ISA_OK"}
+        run_env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"), TORCH_DEVICE_BACKEND_AUTOLOAD="0", **env)
+        return subprocess.run([sys.executable, "-c", PICK], env=run_env, capture_output=True, text=True,
+                              timeout=300, check=True).stdout.strip()
+
+    probed, trusting = pick(), pick(TORCHINDUCTOR_VEC_ISA_OK="1")
+    assert trusting == probed and "|" in probed, (trusting, probed)
+
+    # The kept answer is used while its key holds (no new check); another key (a new compiler, torch, CPU) checks
+    # again; a check that fails (exit status) keeps the probes and keeps no answer.
+    checks: list[list[str]] = []
+
+    def fake_run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        checks.append(argv)
+        return subprocess.CompletedProcess(argv, fake_rc, "True\n", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    fake_rc = 0
+    for key, ok, expect_checks, expect in ((suite._isa_check_key(), False, 0, None), ("another", False, 1, "1")):
+        monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK", raising=False)
+        kept.write_text(json.dumps({"key": key, "ok": ok}))
+        checks.clear()
+        suite._trust_the_probed_vector_isa()
+        assert (len(checks), os.environ.get("TORCHINDUCTOR_VEC_ISA_OK")) == (expect_checks, expect)
+    monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK")
+    kept.unlink()
+    fake_rc = 1
+    suite._trust_the_probed_vector_isa()
+    assert len(checks) == 2 and "TORCHINDUCTOR_VEC_ISA_OK" not in os.environ and not kept.exists()
+    fake_rc = 0
+
+    # Not where the user chose: their variable, or an ATEN_CPU_CAPABILITY that picks another ISA.
+    for var, value in (("TORCHINDUCTOR_VEC_ISA_OK", "0"), ("ATEN_CPU_CAPABILITY", "avx2")):
+        monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK", raising=False)
+        monkeypatch.setenv(var, value)
+        suite._trust_the_probed_vector_isa()
+        assert os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") == (value if var == "TORCHINDUCTOR_VEC_ISA_OK" else None)
+        monkeypatch.delenv(var)
+    assert len(checks) == 2

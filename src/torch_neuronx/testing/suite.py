@@ -249,6 +249,76 @@ def _private_caches_per_worker() -> None:
             os.environ[var] = os.path.join(os.environ[var], worker)
 
 
+# Run once by the controller, in a fresh Python with a cache of its own: does the vector ISA Inductor would pick
+# when it trusts the CPU (the first of its list that the CPU claims) pass Inductor's own probes?
+_ISA_PROBE = """
+from torch._inductor import cpu_vec_isa as v
+claimed = v.x86_isa_checker()
+print(bool(next((i for i in v.supported_vec_isa_list if all(f in claimed for f in str(i).split())), False)))
+"""
+
+
+def _isa_check_key() -> str:
+    """What the check's answer depends on: Python, torch, the C++ compiler Inductor runs (``$CXX`` or g++, as
+    installed) and the CPU's flags. A change to any of them checks again."""
+    import importlib.metadata
+    import shutil
+
+    cxx = shutil.which(os.environ.get("CXX") or "g++") or ""
+    stat = os.stat(cxx) if cxx else None
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    return json.dumps([sys.executable, importlib.metadata.version("torch"), cxx, stat and stat.st_mtime_ns,
+                       stat and stat.st_size, flags.split()])
+
+
+def _trust_the_probed_vector_isa() -> None:
+    """Inductor probes, in every process that compiles, whether the C++ compiler builds and loads each vector ISA
+    the CPU claims: a build per probe per Inductor cache directory and a `dlopen` subprocess per probe per
+    process (docs/testing.md). Under TORCHINDUCTOR_VEC_ISA_OK=1 it trusts the CPU's claims instead and picks the
+    first ISA of its list that the CPU claims. Where that ISA passes the probes (checked in a fresh Python, and
+    the answer kept in the user's cache, keyed by :func:`_isa_check_key`), the run's processes get the variable:
+    the same ISA, with the same flags, without the base probes. Not where the user set it or ATEN_CPU_CAPABILITY
+    (which picks another ISA), not off x86-64, not when the check fails."""
+    import platform
+    import subprocess
+    import tempfile
+
+    if ({"TORCHINDUCTOR_VEC_ISA_OK", "ATEN_CPU_CAPABILITY"} & os.environ.keys()
+            or platform.machine() not in ("x86_64", "AMD64")):
+        return
+    key = _isa_check_key()
+    kept = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_neuronx" / "vec-isa-check.json"
+    try:
+        known = json.loads(kept.read_text())
+        ok = known["ok"] if known["key"] == key else None
+    except (OSError, ValueError, KeyError, TypeError):
+        ok = None
+    if ok is None:
+        with tempfile.TemporaryDirectory(prefix="neuron-isa-") as cache:
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+            try:
+                done = subprocess.run([sys.executable, "-c", _ISA_PROBE], env=env, capture_output=True, text=True,
+                                      timeout=300)
+            except (OSError, subprocess.TimeoutExpired):
+                return  # no answer: keep the probes, and ask again next run
+        if done.returncode != 0:
+            return
+        ok = done.stdout.split()[-1:] == ["True"]
+        try:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            partial = kept.with_name(f"{kept.name}.{os.getpid()}")
+            partial.write_text(json.dumps({"key": key, "ok": ok}))
+            os.replace(partial, kept)
+        except OSError:
+            pass  # an unwritable cache: the check runs again next time
+    if ok:
+        os.environ["TORCHINDUCTOR_VEC_ISA_OK"] = "1"
+
+
 def _check_writable(path: str) -> None:
     """Refuse a report path that cannot take the report before any test runs, not after all of them."""
     target = Path(path)
@@ -268,6 +338,8 @@ def _check_writable(path: str) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     _private_caches_per_worker()
+    if not getattr(config, "workerinput", None):  # xdist's workers inherit the controller's environment
+        _trust_the_probed_vector_isa()
     budget = config.getoption("--test-budget")
     if budget is not None and not (0 < budget < float("inf")):  # also refuses nan
         raise pytest.UsageError(f"--test-budget must be a positive number of seconds, got {budget}")
