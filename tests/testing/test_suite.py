@@ -106,54 +106,58 @@ def test_trusting_the_cpus_vector_isa_picks_what_the_probes_pick(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The run trusts the CPU's vector ISA claims (TORCHINDUCTOR_VEC_ISA_OK=1) only where that changes nothing
     Inductor compiles: the same ISA and flags as its probes give (the reference: a fresh process that probes)."""
-    for var in ("TORCHINDUCTOR_VEC_ISA_OK", "ATEN_CPU_CAPABILITY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # no answer kept: the check runs
-    suite._trust_the_probed_vector_isa()
-    trusted = os.environ.get("TORCHINDUCTOR_VEC_ISA_OK")
-    kept = tmp_path / "xdg" / "torch_neuronx" / "vec-isa-check.json"
-    assert json.loads(kept.read_text()) == {"key": suite._isa_check_key(), "ok": trusted == "1"}
-    if trusted is None:
-        pytest.skip("this machine's compiler fails the probe of the ISA its CPU claims: the run keeps the probes")
-    assert trusted == "1"
-
-    def pick(**env: str) -> str:
-        run_env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_VEC_ISA_OK"}
+    def run(code: str, **env: str) -> list[str]:
+        run_env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_VEC_ISA_OK", "ATEN_CPU_CAPABILITY")}
         run_env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"), TORCH_DEVICE_BACKEND_AUTOLOAD="0", **env)
-        return subprocess.run([sys.executable, "-c", PICK], env=run_env, capture_output=True, text=True,
-                              timeout=300, check=True).stdout.strip()
+        return subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True,
+                              timeout=300, check=True).stdout.strip().splitlines()
 
-    probed, trusting = pick(), pick(TORCHINDUCTOR_VEC_ISA_OK="1")
+    # One probing process: the plugin's check (its answer) and then Inductor's own pick; one trusting process.
+    answer, probed = run(suite._ISA_PROBE + PICK)
+    [trusting] = run(PICK, TORCHINDUCTOR_VEC_ISA_OK="1")
+    if answer != "True":
+        pytest.skip("this machine's compiler fails the probe of the ISA its CPU claims: the run keeps the probes")
     assert trusting == probed and "|" in probed, (trusting, probed)
 
-    # The kept answer is used while its key holds (no new check); another key (a new compiler, torch, CPU) checks
-    # again; a check that fails (exit status) keeps the probes and keeps no answer.
+    # The plugin's logic, with the check's process replaced: it runs the check once, keeps the answer under its
+    # key, uses the kept answer while the key holds, checks again for another key (a new compiler, torch, CPU),
+    # keeps the probes and no answer when the check fails, and leaves alone what the user set.
     checks: list[list[str]] = []
+    reply = {"rc": 0, "out": "True\n"}
 
     def fake_run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
         checks.append(argv)
-        return subprocess.CompletedProcess(argv, fake_rc, "True\n", "")
+        return subprocess.CompletedProcess(argv, reply["rc"], reply["out"], "")
 
+    for var in ("TORCHINDUCTOR_VEC_ISA_OK", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setattr(subprocess, "run", fake_run)
-    fake_rc = 0
-    for key, ok, expect_checks, expect in ((suite._isa_check_key(), False, 0, None), ("another", False, 1, "1")):
+    kept = tmp_path / "xdg" / "torch_neuronx" / "vec-isa-check.json"
+
+    def trust(kept_answer: dict[str, object] | None) -> tuple[int, str | None]:
         monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK", raising=False)
-        kept.write_text(json.dumps({"key": key, "ok": ok}))
+        if kept_answer is not None:
+            kept.write_text(json.dumps(kept_answer))
         checks.clear()
         suite._trust_the_probed_vector_isa()
-        assert (len(checks), os.environ.get("TORCHINDUCTOR_VEC_ISA_OK")) == (expect_checks, expect)
-    monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK")
-    kept.unlink()
-    fake_rc = 1
-    suite._trust_the_probed_vector_isa()
-    assert len(checks) == 2 and "TORCHINDUCTOR_VEC_ISA_OK" not in os.environ and not kept.exists()
-    fake_rc = 0
+        return len(checks), os.environ.get("TORCHINDUCTOR_VEC_ISA_OK")
 
-    # Not where the user chose: their variable, or an ATEN_CPU_CAPABILITY that picks another ISA.
+    key = suite._isa_check_key()
+    assert trust(None) == (1, "1") and json.loads(kept.read_text()) == {"key": key, "ok": True}
+    assert trust(None) == (0, "1")  # kept
+    assert trust({"key": key, "ok": False}) == (0, None)
+    assert trust({"key": "another", "ok": False}) == (1, "1")
+    kept.write_text("{not json")
+    reply["out"] = "False\n"
+    assert trust(None) == (1, None) and json.loads(kept.read_text()) == {"key": key, "ok": False}
+    kept.unlink()
+    reply["rc"] = 1
+    assert trust(None) == (1, None) and not kept.exists()
     for var, value in (("TORCHINDUCTOR_VEC_ISA_OK", "0"), ("ATEN_CPU_CAPABILITY", "avx2")):
         monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK", raising=False)
         monkeypatch.setenv(var, value)
+        checks.clear()
         suite._trust_the_probed_vector_isa()
-        assert os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") == (value if var == "TORCHINDUCTOR_VEC_ISA_OK" else None)
+        assert not checks and os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") == (value if var.endswith("_OK") else None)
         monkeypatch.delenv(var)
-    assert len(checks) == 2
