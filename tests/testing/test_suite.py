@@ -148,6 +148,10 @@ def test_trusting_the_cpus_vector_isa_picks_what_the_probes_pick(tmp_path: Path,
     assert trust(None) == (0, "1")  # kept
     assert trust({"key": key, "ok": False}) == (0, None)
     assert trust({"key": "another", "ok": False}) == (1, "1")
+    assert trust({"key": key, "ok": "no"}) == (1, "1")  # not an answer: checked again
+    kept.unlink()
+    os.mkfifo(kept)  # read, it would block: not a kept answer; the new answer replaces it
+    assert trust(None) == (1, "1") and kept.is_file()
     kept.write_text("{not json")
     reply["out"] = "False\n"
     assert trust(None) == (1, None) and json.loads(kept.read_text()) == {"key": key, "ok": False}

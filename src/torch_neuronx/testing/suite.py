@@ -271,8 +271,12 @@ def _isa_check_key() -> str:
             flags = next((line for line in f if line.startswith("flags")), "")
     except OSError:
         flags = ""
-    return json.dumps([sys.executable, importlib.metadata.version("torch"), cxx, stat and stat.st_mtime_ns,
-                       stat and stat.st_size, flags.split()])
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = ""
+    return json.dumps([sys.executable, torch_version, cxx, stat and stat.st_mtime_ns, stat and stat.st_size,
+                       flags.split()])
 
 
 def _trust_the_probed_vector_isa() -> None:
@@ -292,11 +296,14 @@ def _trust_the_probed_vector_isa() -> None:
         return
     key = _isa_check_key()
     kept = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_neuronx" / "vec-isa-check.json"
+    ok = None
     try:
-        known = json.loads(kept.read_text())
-        ok = known["ok"] if known["key"] == key else None
+        if kept.is_file():  # not a FIFO or a folder someone left there
+            known = json.loads(kept.read_text())
+            if known["key"] == key and isinstance(known["ok"], bool):
+                ok = known["ok"]
     except (OSError, ValueError, KeyError, TypeError):
-        ok = None
+        pass
     if ok is None:
         with tempfile.TemporaryDirectory(prefix="neuron-isa-") as cache:
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
