@@ -104,64 +104,87 @@ PICK = ("from torch._inductor import cpu_vec_isa as v; i = v.pick_vec_isa(); "
 
 def test_trusting_the_cpus_vector_isa_picks_what_the_probes_pick(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """The run trusts the CPU's vector ISA claims (TORCHINDUCTOR_VEC_ISA_OK=1) only where that changes nothing
-    Inductor compiles: the same ISA and flags as its probes give (the reference: a fresh process that probes)."""
+    """The run trusts the CPU's vector ISA claims (TORCHINDUCTOR_VEC_ISA_OK=1) only where that changes no pick
+    Inductor makes: every claimed ISA passes its probes, so its list of ISAs is the same, and so are the picks
+    from it at each SIMD width and each ATEN_CPU_CAPABILITY (the reference: a fresh process that probes)."""
+    picks = ("import os\nfrom torch._inductor import config, cpu_vec_isa as v\n"
+             "print([str(i) for i in v.valid_vec_isa_list()])\n"
+             "for simdlen in (None, 512, 256):\n"
+             "    config.cpp.simdlen = simdlen; i = v.pick_vec_isa(); print(simdlen, str(i), i.build_arch_flags())\n")
+
     def run(code: str, **env: str) -> list[str]:
         run_env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_VEC_ISA_OK", "ATEN_CPU_CAPABILITY")}
         run_env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"), TORCH_DEVICE_BACKEND_AUTOLOAD="0", **env)
         return subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True,
                               timeout=300, check=True).stdout.strip().splitlines()
 
-    # One probing process: the plugin's check (its answer) and then Inductor's own pick; one trusting process.
-    answer, probed = run(suite._ISA_PROBE + PICK)
-    [trusting] = run(PICK, TORCHINDUCTOR_VEC_ISA_OK="1")
+    # One probing process: the plugin's check (its answer), then Inductor's picks; one trusting process; and the
+    # same two with ATEN_CPU_CAPABILITY=avx2 (a child of the run may set it: it inherits the variable).
+    answer, *probed = run(suite._ISA_PROBE + picks)
     if answer != "True":
-        pytest.skip("this machine's compiler fails the probe of the ISA its CPU claims: the run keeps the probes")
-    assert trusting == probed and "|" in probed, (trusting, probed)
+        pytest.skip("this machine's compiler fails a probe of an ISA its CPU claims: the run keeps the probes")
+    assert run(picks, TORCHINDUCTOR_VEC_ISA_OK="1") == probed and len(probed) == 4, probed
+    assert run(picks, ATEN_CPU_CAPABILITY="avx2", TORCHINDUCTOR_VEC_ISA_OK="1") == run(picks,
+                                                                                      ATEN_CPU_CAPABILITY="avx2")
 
-    # The plugin's logic, with the check's process replaced: it runs the check once, keeps the answer under its
-    # key, uses the kept answer while the key holds, checks again for another key (a new compiler, torch, CPU),
-    # keeps the probes and no answer when the check fails, and leaves alone what the user set.
-    checks: list[list[str]] = []
-    reply = {"rc": 0, "out": "True\n"}
+    # The plugin's logic, with the check replaced: it runs the check once, keeps the answer (yes or no) under its
+    # key, uses it while the key holds, checks again for another key (a new compiler, torch, CPU) or an unreadable
+    # answer, and leaves alone what the user set.
+    checks: list[bool] = []
+    reply = [True]
 
-    def fake_run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-        checks.append(argv)
-        return subprocess.CompletedProcess(argv, reply["rc"], reply["out"], "")
+    def fake_check() -> bool:
+        checks.append(reply[0])
+        return reply[0]
 
-    for var in ("TORCHINDUCTOR_VEC_ISA_OK", "ATEN_CPU_CAPABILITY"):
-        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(suite, "_run_isa_check", fake_check)
     kept = tmp_path / "xdg" / "torch_neuronx" / "vec-isa-check.json"
 
-    def trust(kept_answer: dict[str, object] | None) -> tuple[int, str | None]:
+    def trust(kept_answer: object = None, raw: str | None = None) -> tuple[int, str | None]:
         monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK", raising=False)
-        if kept_answer is not None:
-            kept.write_text(json.dumps(kept_answer))
+        if kept_answer is not None or raw is not None:
+            kept.write_text(raw if raw is not None else json.dumps(kept_answer))
         checks.clear()
         suite._trust_the_probed_vector_isa()
         return len(checks), os.environ.get("TORCHINDUCTOR_VEC_ISA_OK")
 
     key = suite._isa_check_key()
-    assert trust(None) == (1, "1") and json.loads(kept.read_text()) == {"key": key, "ok": True}
-    assert trust(None) == (0, "1")  # kept
+    assert trust() == (1, "1") and json.loads(kept.read_text()) == {"key": key, "ok": True}
+    assert trust() == (0, "1")  # kept
     assert trust({"key": key, "ok": False}) == (0, None)
     assert trust({"key": "another", "ok": False}) == (1, "1")
     assert trust({"key": key, "ok": "no"}) == (1, "1")  # not an answer: checked again
+    assert trust(raw="[" * 100_000) == (1, "1")  # past the JSON decoder's recursion limit: no answer
+    assert trust(raw="{not json") == (1, "1")
     kept.unlink()
     os.mkfifo(kept)  # read, it would block: not a kept answer; the new answer replaces it
-    assert trust(None) == (1, "1") and kept.is_file()
-    kept.write_text("{not json")
-    reply["out"] = "False\n"
-    assert trust(None) == (1, None) and json.loads(kept.read_text()) == {"key": key, "ok": False}
+    assert trust() == (1, "1") and kept.is_file()
+    reply[0] = False
+    assert trust(raw="") == (1, None) and json.loads(kept.read_text())["ok"] is False
+    assert trust() == (0, None)  # a no is kept too: the check does not run again at every start
     kept.unlink()
-    reply["rc"] = 1
-    assert trust(None) == (1, None) and not kept.exists()
-    for var, value in (("TORCHINDUCTOR_VEC_ISA_OK", "0"), ("ATEN_CPU_CAPABILITY", "avx2")):
-        monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK", raising=False)
-        monkeypatch.setenv(var, value)
-        checks.clear()
-        suite._trust_the_probed_vector_isa()
-        assert not checks and os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") == (value if var.endswith("_OK") else None)
-        monkeypatch.delenv(var)
+    kept.mkdir()  # a folder in the way: no answer kept, and nothing left beside it
+    assert trust() == (1, None) and sorted(p.name for p in kept.parent.iterdir()) == [kept.name]
+    kept.rmdir()
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")  # not absolute: the XDG spec says ignore it
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert suite._kept_isa_answer() == tmp_path / "home" / ".cache" / "torch_neuronx" / "vec-isa-check.json"
+    monkeypatch.setenv("TORCHINDUCTOR_VEC_ISA_OK", "0")
+    checks.clear()
+    suite._trust_the_probed_vector_isa()
+    assert not checks and os.environ["TORCHINDUCTOR_VEC_ISA_OK"] == "0"
+
+
+def test_an_isa_check_past_its_deadline_is_a_no_and_leaves_no_process(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A check whose compiler hangs: its whole process group is killed at the deadline, and the answer is no."""
+    marker = f"isa-check-hang-{os.getpid()}"
+    monkeypatch.setattr(suite, "_ISA_PROBE", "import subprocess, time\n"
+                        f"subprocess.Popen(['bash', '-c', 'exec -a {marker} sleep 900'])\ntime.sleep(900)\n")
+    monkeypatch.setattr(suite, "_ISA_CHECK_TIMEOUT_S", 3.0)
+    assert suite._run_isa_check() is False
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    assert not left, f"left running: {left}"

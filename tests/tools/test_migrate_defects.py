@@ -949,12 +949,12 @@ def train(index, *extra):
     xm.mark_step()
     it = iter(range(3))
     xm.master_print([v for v in it])
-    # one write, line and newline together: both ranks share torchrun's stdout, and print() under -u writes the
-    # newline apart, so two ranks' lines could interleave ("RESULT {..}RESULT {..}")
-    sys.stdout.write("RESULT " + json.dumps({"rank": rank, "extra": list(extra), "acc": acc, "seen": seen,
-                                             "left": list(it), "w": model.weight.detach().cpu().flatten().tolist(),
-                                             "addressable": xr.addressable_device_count()}) + "\\n")
-    sys.stdout.flush()
+    # a file per rank, not stdout: both ranks share torchrun's stdout, where print() under -u writes a line and
+    # its newline apart, so one rank's line can land inside the other's ("[0, 1, 2]RESULT {..}")
+    with open(f"result_{rank}.json", "w") as f:
+        json.dump({"rank": rank, "extra": list(extra), "acc": acc, "seen": seen, "left": list(it),
+                   "w": model.weight.detach().cpu().flatten().tolist(), "addressable": xr.addressable_device_count()},
+                  f)
 
 
 if __name__ == "__main__":
@@ -978,8 +978,7 @@ def test_rv32c_1_2_3_4_5_a_spawned_script_averages_unpacks_and_evaluates_as_xla_
     proc = run_processes([(torchrun_argv("--standalone", "--nproc-per-node", "2", str(script)), {})], tmp_path,
                          600.0, cwd=tmp_path)[0]
     assert proc.rc == 0, proc.log()
-    results = sorted((json.loads(ln.split(" ", 1)[1]) for ln in proc.out.splitlines() if ln.startswith("RESULT ")),
-                     key=lambda r: r["rank"])
+    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("result_*.json"))]
     torch.manual_seed(0)
     reference = torch.nn.Linear(4, 1, bias=False)
     grad = (2 * 1.0 + 2 * 2.0) / 2  # rank r's gradient is 2 (r + 1) per weight; XLA averaged them

@@ -21,6 +21,7 @@ submission red (the budget catches tests that grew, not a noisy neighbour).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -249,23 +250,35 @@ def _private_caches_per_worker() -> None:
             os.environ[var] = os.path.join(os.environ[var], worker)
 
 
-# Run once by the controller, in a fresh Python with a cache of its own: does the vector ISA Inductor would pick
-# when it trusts the CPU (the first of its list that the CPU claims) pass Inductor's own probes?
+# Run once by the controller, in a fresh Python with a cache of its own: does every vector ISA the CPU claims pass
+# Inductor's own probes? Then TORCHINDUCTOR_VEC_ISA_OK=1, under which Inductor trusts exactly those claims, leaves
+# its list of ISAs, and so every pick from it (any simdlen, any ATEN_CPU_CAPABILITY), as the probes make them.
 _ISA_PROBE = """
 from torch._inductor import cpu_vec_isa as v
 claimed = v.x86_isa_checker()
-print(bool(next((i for i in v.supported_vec_isa_list if all(f in claimed for f in str(i).split())), False)))
+print([str(i) for i in v.valid_vec_isa_list()] == [str(i) for i in v.supported_vec_isa_list
+                                                    if all(f in claimed for f in str(i).split())])
 """
+_ISA_CHECK_TIMEOUT_S = 120.0
 
 
 def _isa_check_key() -> str:
-    """What the check's answer depends on: Python, torch, the C++ compiler Inductor runs (``$CXX`` or g++, as
-    installed) and the CPU's flags. A change to any of them checks again."""
+    """What the check's answer depends on: Python, torch, the C++ compiler Inductor runs (``$CXX`` or g++: where
+    it is installed, what its ``--version`` says, and ``$PATH``, where a wrapper finds the compiler it runs) and
+    the CPU's flags. A change to any of them checks again."""
     import importlib.metadata
     import shutil
+    import subprocess
 
     cxx = shutil.which(os.environ.get("CXX") or "g++") or ""
     stat = os.stat(cxx) if cxx else None
+    version = ""
+    if cxx:
+        try:
+            version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=10,
+                                     stdin=subprocess.DEVNULL).stdout
+        except (OSError, subprocess.SubprocessError):
+            pass
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line for line in f if line.startswith("flags")), "")
@@ -275,53 +288,79 @@ def _isa_check_key() -> str:
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         torch_version = ""
-    return json.dumps([sys.executable, torch_version, cxx, stat and stat.st_mtime_ns, stat and stat.st_size,
-                       flags.split()])
+    return json.dumps([sys.executable, torch_version, cxx, stat and stat.st_mtime_ns, stat and stat.st_size, version,
+                       os.environ.get("PATH", ""), flags.split()])
+
+
+def _kept_isa_answer() -> Path:
+    """Where the answer is kept: the user's cache (``$XDG_CACHE_HOME``, which the XDG spec says to ignore unless
+    it is an absolute path, else ``~/.cache``)."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "torch_neuronx" / "vec-isa-check.json"
+
+
+def _run_isa_check() -> bool:
+    """The check, in a fresh Python in a session of its own; past the deadline its whole group (the compilers it
+    started) is killed. A check that fails, exits non-zero or runs out of time is a no: the probes stay on."""
+    import signal
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="neuron-isa-") as cache:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+        try:
+            proc = subprocess.Popen([sys.executable, "-c", _ISA_PROBE], env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                    start_new_session=True)
+        except OSError:
+            return False
+        def end_group() -> None:  # the check and the compilers it started (the leader is not reaped yet)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+        try:
+            out, _ = proc.communicate(timeout=_ISA_CHECK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            end_group()
+            return False
+        except BaseException:  # Ctrl-C while it runs
+            end_group()
+            raise
+    return proc.returncode == 0 and out.split()[-1:] == ["True"]
 
 
 def _trust_the_probed_vector_isa() -> None:
     """Inductor probes, in every process that compiles, whether the C++ compiler builds and loads each vector ISA
     the CPU claims: a build per probe per Inductor cache directory and a `dlopen` subprocess per probe per
-    process (docs/testing.md). Under TORCHINDUCTOR_VEC_ISA_OK=1 it trusts the CPU's claims instead and picks the
-    first ISA of its list that the CPU claims. Where that ISA passes the probes (checked in a fresh Python, and
-    the answer kept in the user's cache, keyed by :func:`_isa_check_key`), the run's processes get the variable:
-    the same ISA, with the same flags, without the base probes. Not where the user set it or ATEN_CPU_CAPABILITY
-    (which picks another ISA), not off x86-64, not when the check fails."""
+    process (docs/testing.md). Under TORCHINDUCTOR_VEC_ISA_OK=1 it trusts the CPU's claims instead. Where every
+    claimed ISA passes the probes (checked in a fresh Python; the answer, yes or no, kept in the user's cache,
+    keyed by :func:`_isa_check_key`), the run's processes get the variable: the same ISAs to pick from, without the
+    base probes. Not where the user set the variable, and not off x86-64."""
     import platform
-    import subprocess
-    import tempfile
 
-    if ({"TORCHINDUCTOR_VEC_ISA_OK", "ATEN_CPU_CAPABILITY"} & os.environ.keys()
-            or platform.machine() not in ("x86_64", "AMD64")):
+    if "TORCHINDUCTOR_VEC_ISA_OK" in os.environ or platform.machine() not in ("x86_64", "AMD64"):
         return
-    key = _isa_check_key()
-    kept = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_neuronx" / "vec-isa-check.json"
+    key, kept = _isa_check_key(), _kept_isa_answer()
     ok = None
     try:
         if kept.is_file():  # not a FIFO or a folder someone left there
             known = json.loads(kept.read_text())
             if known["key"] == key and isinstance(known["ok"], bool):
                 ok = known["ok"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except Exception:  # whatever the file holds (even JSON nested past the recursion limit): no answer
         pass
     if ok is None:
-        with tempfile.TemporaryDirectory(prefix="neuron-isa-") as cache:
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
-            try:
-                done = subprocess.run([sys.executable, "-c", _ISA_PROBE], env=env, capture_output=True, text=True,
-                                      timeout=300)
-            except (OSError, subprocess.TimeoutExpired):
-                return  # no answer: keep the probes, and ask again next run
-        if done.returncode != 0:
-            return
-        ok = done.stdout.split()[-1:] == ["True"]
+        ok = _run_isa_check()
+        partial = kept.with_name(f"{kept.name}.{os.getpid()}")
         try:
             kept.parent.mkdir(parents=True, exist_ok=True)
-            partial = kept.with_name(f"{kept.name}.{os.getpid()}")
             partial.write_text(json.dumps({"key": key, "ok": ok}))
             os.replace(partial, kept)
-        except OSError:
-            pass  # an unwritable cache: the check runs again next time
+        except OSError:  # an unwritable cache, or a folder in the way: the check runs again next time
+            with contextlib.suppress(OSError):
+                partial.unlink()
     if ok:
         os.environ["TORCHINDUCTOR_VEC_ISA_OK"] = "1"
 
