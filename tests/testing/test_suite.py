@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -178,13 +180,49 @@ def test_trusting_the_cpus_vector_isa_picks_what_the_probes_pick(tmp_path: Path,
     assert not checks and os.environ["TORCHINDUCTOR_VEC_ISA_OK"] == "0"
 
 
-def test_an_isa_check_past_its_deadline_is_a_no_and_leaves_no_process(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """A check whose compiler hangs: its whole process group is killed at the deadline, and the answer is no."""
+def _left(marker: str) -> list[str]:
+    return subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+
+
+def test_an_isa_check_past_its_deadline_or_signalled_leaves_no_process(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check (and the key's `--version`) run in a session of their own: past the deadline, or when pytest is
+    sent SIGTERM while one runs, the whole group is killed, compilers included. A hung check is a no."""
     marker = f"isa-check-hang-{os.getpid()}"
+    hang = ["bash", "-c", f"(exec -a {marker} sleep 900) & wait"]  # a grandchild, as a compiler would be
     monkeypatch.setattr(suite, "_ISA_PROBE", "import subprocess, time\n"
-                        f"subprocess.Popen(['bash', '-c', 'exec -a {marker} sleep 900'])\ntime.sleep(900)\n")
+                        f"subprocess.Popen({hang!r})\ntime.sleep(900)\n")
     monkeypatch.setattr(suite, "_ISA_CHECK_TIMEOUT_S", 3.0)
-    assert suite._run_isa_check() is False
-    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
-    assert not left, f"left running: {left}"
+    assert suite._run_isa_check() is False and not _left(marker)
+    assert suite._run_bounded(hang, 1.0) is None and not _left(marker)
+    # a `--version` that is not UTF-8 is read, not a traceback
+    assert suite._run_bounded(["bash", "-c", r"printf 'g++ \377 1\n'"], 10.0) == (0, "g++ \ufffd 1\n")
+    assert suite._run_bounded([str(tmp_path / "missing")], 10.0) is None
+
+    code = f"from torch_neuronx.testing import suite; print(suite._run_bounded({hang!r}, 300.0))"
+    waiter = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            if _left(marker):
+                break
+            time.sleep(0.2)
+        assert _left(marker), "the bounded command never started"
+        waiter.send_signal(signal.SIGTERM)
+        assert waiter.wait(timeout=60) == -signal.SIGTERM  # it still ends as SIGTERM ends it
+        assert not _left(marker)
+    finally:
+        waiter.kill()
+        waiter.wait()
+
+
+def test_without_a_home_the_answer_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK", raising=False)
+    monkeypatch.setattr(suite, "_run_isa_check", lambda: True)
+    assert suite._kept_isa_answer() is None
+    suite._trust_the_probed_vector_isa()
+    assert os.environ["TORCHINDUCTOR_VEC_ISA_OK"] == "1"

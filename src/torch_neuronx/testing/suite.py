@@ -268,17 +268,11 @@ def _isa_check_key() -> str:
     the CPU's flags. A change to any of them checks again."""
     import importlib.metadata
     import shutil
-    import subprocess
 
     cxx = shutil.which(os.environ.get("CXX") or "g++") or ""
     stat = os.stat(cxx) if cxx else None
-    version = ""
-    if cxx:
-        try:
-            version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=10,
-                                     stdin=subprocess.DEVNULL).stdout
-        except (OSError, subprocess.SubprocessError):
-            pass
+    answered = _run_bounded([cxx, "--version"], 10.0) if cxx else None
+    version = answered[1] if answered else ""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line for line in f if line.startswith("flags")), "")
@@ -292,43 +286,86 @@ def _isa_check_key() -> str:
                        os.environ.get("PATH", ""), flags.split()])
 
 
-def _kept_isa_answer() -> Path:
+def _kept_isa_answer() -> Path | None:
     """Where the answer is kept: the user's cache (``$XDG_CACHE_HOME``, which the XDG spec says to ignore unless
     it is an absolute path, else ``~/.cache``)."""
     xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    try:
+        base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    except (RuntimeError, KeyError):  # no HOME and no passwd entry: nowhere to keep it
+        return None
     return base / "torch_neuronx" / "vec-isa-check.json"
 
 
-def _run_isa_check() -> bool:
-    """The check, in a fresh Python in a session of its own; past the deadline its whole group (the compilers it
-    started) is killed. A check that fails, exits non-zero or runs out of time is a no: the probes stay on."""
+def _run_bounded(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[int, str] | None:
+    """Run `argv` in a session of its own and return its exit status and output (decoded leniently). Past
+    `timeout`, or when this process is interrupted while it runs (Ctrl-C, or SIGTERM or SIGHUP, as `timeout` or
+    a cancelled CI job sends them), its whole process group is killed: nothing it started is left running. None:
+    it could not start, or ran out of time."""
     import signal
     import subprocess
+    import threading
+
+    try:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
+    except OSError:
+        return None
+
+    def kill_group() -> None:  # while the leader is not reaped, its id is still the group's
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    previous: dict[int, Any] = {}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        kill_group()
+        signal.signal(signum, previous.pop(signum))
+        os.kill(os.getpid(), signum)  # then what this process would have done with it
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            handler = signal.getsignal(signum)
+            if handler is not None:  # None: set outside Python, and could not be put back
+                previous[signum] = signal.signal(signum, on_signal)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group()
+        proc.wait()
+        return None
+    except BaseException:  # Ctrl-C while it runs
+        kill_group()
+        proc.wait()
+        raise
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return proc.returncode, out
+
+
+def _run_isa_check() -> bool:
+    """The check, in a fresh Python with an Inductor cache of its own. A check that fails, exits non-zero or runs
+    out of time is a no: the probes stay on."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="neuron-isa-") as cache:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
-        try:
-            proc = subprocess.Popen([sys.executable, "-c", _ISA_PROBE], env=env, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                    start_new_session=True)
-        except OSError:
-            return False
-        def end_group() -> None:  # the check and the compilers it started (the leader is not reaped yet)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        done = _run_bounded([sys.executable, "-c", _ISA_PROBE], _ISA_CHECK_TIMEOUT_S, env)
+    return done is not None and done[0] == 0 and done[1].split()[-1:] == ["True"]
 
-        try:
-            out, _ = proc.communicate(timeout=_ISA_CHECK_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            end_group()
-            return False
-        except BaseException:  # Ctrl-C while it runs
-            end_group()
-            raise
-    return proc.returncode == 0 and out.split()[-1:] == ["True"]
+
+def _keep_isa_answer(kept: Path, key: str, ok: bool) -> None:
+    """Write the answer whole (a partial file, then a rename); where it cannot be (an unwritable cache, a folder in
+    the way), nothing is left behind and the check runs again next time."""
+    partial = kept.with_name(f"{kept.name}.{os.getpid()}")
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps({"key": key, "ok": ok}))
+        os.replace(partial, kept)
+    except OSError:
+        with contextlib.suppress(OSError):
+            partial.unlink()
 
 
 def _trust_the_probed_vector_isa() -> None:
@@ -345,7 +382,7 @@ def _trust_the_probed_vector_isa() -> None:
     key, kept = _isa_check_key(), _kept_isa_answer()
     ok = None
     try:
-        if kept.is_file():  # not a FIFO or a folder someone left there
+        if kept is not None and kept.is_file():  # not a FIFO or a folder someone left there
             known = json.loads(kept.read_text())
             if known["key"] == key and isinstance(known["ok"], bool):
                 ok = known["ok"]
@@ -353,14 +390,8 @@ def _trust_the_probed_vector_isa() -> None:
         pass
     if ok is None:
         ok = _run_isa_check()
-        partial = kept.with_name(f"{kept.name}.{os.getpid()}")
-        try:
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            partial.write_text(json.dumps({"key": key, "ok": ok}))
-            os.replace(partial, kept)
-        except OSError:  # an unwritable cache, or a folder in the way: the check runs again next time
-            with contextlib.suppress(OSError):
-                partial.unlink()
+        if kept is not None:
+            _keep_isa_answer(kept, key, ok)
     if ok:
         os.environ["TORCHINDUCTOR_VEC_ISA_OK"] = "1"
 
