@@ -272,7 +272,7 @@ def _isa_check_key() -> str:
     cxx = shutil.which(os.environ.get("CXX") or "g++") or ""
     stat = os.stat(cxx) if cxx else None
     answered = _run_bounded([cxx, "--version"], 10.0) if cxx else None
-    version = answered[1] if answered else ""
+    version = answered[1] if answered and answered[0] == 0 else ""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line for line in f if line.startswith("flags")), "")
@@ -298,49 +298,21 @@ def _kept_isa_answer() -> Path | None:
 
 
 def _run_bounded(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[int, str] | None:
-    """Run `argv` in a session of its own and return its exit status and output (decoded leniently). Past
-    `timeout`, or when this process is interrupted while it runs (Ctrl-C, or SIGTERM or SIGHUP, as `timeout` or
-    a cancelled CI job sends them), its whole process group is killed: nothing it started is left running. None:
-    it could not start, or ran out of time."""
-    import signal
+    """Run `argv` under the project's process guardian (torch_neuronx.runtime.processes) and return its exit
+    status and output (decoded leniently). Past `timeout`, on SIGINT or SIGTERM while it runs, or when pytest dies
+    (even by SIGKILL), its whole process tree is killed: nothing it started is left running. None: out of time."""
     import subprocess
-    import threading
 
-    try:
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
-    except OSError:
-        return None
+    from torch_neuronx.runtime import processes
 
-    def kill_group() -> None:  # while the leader is not reaped, its id is still the group's
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-
-    previous: dict[int, Any] = {}
-
-    def on_signal(signum: int, frame: Any) -> None:
-        kill_group()
-        signal.signal(signum, previous.pop(signum))
-        os.kill(os.getpid(), signum)  # then what this process would have done with it
-
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGTERM, signal.SIGHUP):
-            handler = signal.getsignal(signum)
-            if handler is not None:  # None: set outside Python, and could not be put back
-                previous[signum] = signal.signal(signum, on_signal)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_group()
-        proc.wait()
-        return None
-    except BaseException:  # Ctrl-C while it runs
-        kill_group()
-        proc.wait()
-        raise
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    with processes.guarded():  # SIGINT / SIGTERM: its tree stopped, then processes.Interrupted
+        proc = processes.spawn(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True, errors="replace")
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            processes.stop(proc)
+            return None
     return proc.returncode, out
 
 
