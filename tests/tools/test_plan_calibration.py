@@ -46,17 +46,23 @@ def test_held_out_and_fitted_rows_are_reported_apart_and_none_is_outside_half_to
     assert held["rows"] + fitted["rows"] + s["not_planned"] + s["as_fitted"] == len(cal.ROWS)
     assert fitted["rows"] == sum(1 for r in cal.ROWS if cal.is_fitted(r))
     assert held["outside_half_to_double"] == 0 and 0.5 <= held["min_ratio"] and held["max_ratio"] <= 2.0
-    # the honest figures (the goal is 90%): 46 of 52 held-out rows of the current tables within +-25% (42 before the
-    # cast, clipping, accumulation and recipe terms), 76 of 91 with the earlier tables; every miss explained above
+    # the honest figures against the goal of 90%: 52 of 58 held-out rows of the current tables within +-25% and 87 of
+    # 101 with the earlier tables (NeMo's GPT-3 23B and 46B planned from AWS's recipe shapes, NeMo's scores timed in
+    # HBM); every miss explained above. With NeMo's scores kept on chip instead, 91 of 101: the count hangs on a fact
+    # no published source gives, and docs/plan.md says so
     current, earlier = held["tables 2.14-2.28"], held["tables 2.5-2.15"]
-    assert current["rows"] + earlier["rows"] == held["rows"] and earlier["rows"] >= 35
-    assert current["within_25_percent"] / current["rows"] >= 0.88
-    assert held["within_25_percent"] / held["rows"] >= 0.8
+    assert current["rows"] + earlier["rows"] == held["rows"] and earlier["rows"] >= 40
+    assert current["within_25_percent"] / current["rows"] >= 0.89
+    assert held["within_25_percent"] / held["rows"] >= 0.86
+    on_chip = held["NeMo scores kept on chip"]
+    assert on_chip["rows"] == held["rows"] and on_chip["within_25_percent"] > held["within_25_percent"]
     assert fitted["leave_one_out_within_25_percent"] >= 22  # was 4 of 28 before the terms above
     table = cal.calibration_table()
     assert f"held out: {held['within_25_percent']} of {held['rows']} rows within +-25%" in table
     assert f"fitted: {fitted['within_25_percent']} of {fitted['rows']} rows within +-25%" in table
     assert "Not covered: the tables of SDK 2.3 and 2.4" in table
+    assert f"kept on chip by the compiler (no published source says whether neuronx-cc does): " \
+           f"{on_chip['within_25_percent']} of {on_chip['rows']}" in table
 
 
 def test_memory_bound_classes_move_fp32_twice_the_bf16_bytes_and_cost_bytes_over_bandwidth() -> None:
@@ -195,3 +201,65 @@ def test_earlier_tables_name_their_release_and_agree_with_aws_mfu() -> None:
             # within 0.75-1.0x of AWS's figure (which counts some FLOPs beyond 6 per parameter per token: 0.76x for
             # NeMo's Llama2-7B in SDK 2.13.1, 0.90-0.95x elsewhere); a wrong node count would be 0.5x or 2x
             assert 0.75 * r.mfu <= mfu <= r.mfu, (r, mfu)
+
+
+def test_materialised_scores_cost_their_passes_and_their_whole_square() -> None:
+    # NeMo's core attention writes the scores to HBM like Transformers' eager path: 11 passes with attention dropout
+    # (GPT-3's 0.1), 8 without (Llama's 0: ATen's dropout returns its input at p=0); only a flash kernel skips the
+    # causal mask's upper half, so materialised scores cost the whole square of attention FLOPs
+    from torch_neuronx.tools.plan.layouts import Layout, hardware
+    from torch_neuronx.tools.plan.model import from_config
+    from torch_neuronx.tools.plan.precision import precision
+    from torch_neuronx.tools.plan.timing import SCORE_PASSES, stage_classes, vector_bytes
+
+    assert SCORE_PASSES == {"flash": 0, "eager": 11, "eager_no_dropout": 8, "fused": 0}
+    m = from_config({**cal.SHAPES["Llama2-7B"], "model_type": "llama"})
+    lay = Layout(8, 1, 64)
+    bf16 = precision("bf16")
+    no_dropout = vector_bytes(m, lay, bf16, 1, 4096, "full", 0, sp=True, attention="eager_no_dropout")
+    # by hand: 32 layers x 4 passes (forward, recomputed forward, backward's two) x 4096 tokens x 32/8 heads x 4096
+    # keys x 8 passes x 2 bytes
+    assert no_dropout["softmax"] == 32 * 4 * 4096 * 4 * 4096 * 8 * 2
+    assert vector_bytes(m, lay, bf16, 1, 4096, "full", 0, sp=True, attention="eager")["softmax"] * 8 == \
+        no_dropout["softmax"] * 11
+    hw = hardware("trn1.32xlarge", 16)
+
+    def matmul(attention: str, causal: bool) -> float:
+        return stage_classes(m, hw, lay, bf16, 1, 4096, "full", 0, "matmult", 1.0, causal, True, attention)["matmul"]
+
+    # the whole square against half of it: attention's 4 x S x heads x head_dim FLOPs per token per layer against 2
+    half = 4 * 4096 * 32 * 128 * 32 * 4096 * 4 / 8 / 2 / (hw.instance.chip.bf16_tflops * 1e12 / hw.cores_per_chip)
+    assert matmul("eager_no_dropout", True) - matmul("flash", True) == pytest.approx(half)
+    assert matmul("eager_no_dropout", True) == matmul("flash", False) == matmul("eager", False) == \
+        matmul("fused", True)
+    # "fused" (the sensitivity): the whole square, its scores on chip
+    assert vector_bytes(m, lay, bf16, 1, 4096, "full", 0, sp=True, attention="fused")["softmax"] == 0
+
+
+def test_nemo_rows_materialise_the_scores_and_the_contradicted_node_count_is_corrected() -> None:
+    rows = dict(zip(cal.ROWS, cal.results(), strict=True))
+    for r, e in rows.items():
+        s = cal.setup(r)
+        if s.shape is None:
+            continue
+        expected = ("flash" if r.source != "NeMo" and "BERT" not in r.model else
+                    "eager" if r.model.startswith("GPT3") or "BERT" in r.model else "eager_no_dropout")
+        assert s.attention == expected, r
+        # only the two rows AWS's own figures contradict are planned on another node count, and they say so
+        key = (*cal.config_of(r), r.sdk)
+        assert s.nodes == cal.RUN_ON.get(key, r.nodes)
+        assert ("planned on 32 nodes, not the page's 16" in e["note"]) == (key in cal.RUN_ON)
+    # the evidence, from the rows themselves: the same code's 2.15 figure on 32 nodes with AWS's MFU, and the highest
+    # MFU AWS published; 64 seq/s on 16 nodes would be more than that, on 32 nodes it is 1.07x the 2.15 run
+    same_code = next(r for r in cal.ROWS if r.model == "Llama2-13B" and r.source == "NeMo" and r.sdk == "2.15.0")
+    assert same_code.nodes == 32 and same_code.mfu is not None
+    top = max(r.mfu for r in cal.ROWS if r.mfu)
+    for key, nodes in cal.RUN_ON.items():
+        r = next(r for r in cal.ROWS if (*cal.config_of(r), r.sdk) == key)
+        assert r.nodes == 16 and nodes == same_code.nodes
+        implied = same_code.mfu * (r.seq_per_s / same_code.seq_per_s) * (same_code.nodes / r.nodes)
+        assert implied > 1.3 * top
+        assert r.seq_per_s / same_code.seq_per_s == pytest.approx(1.07, abs=0.01)
+        # its prediction is the 2.15 row's (the planner cannot tell them apart), and it stays a counted miss
+        assert cal.predict(r) == pytest.approx(cal.predict(same_code))
+        assert rows[r]["role"] == "held out" and not 0.75 <= rows[r]["ratio"] <= 1.25

@@ -131,8 +131,9 @@ def evaluate(m: ModelSpec, hw: Hardware, layout: Layout, *, precision: str, glob
              compute_efficiency: float | None = None, comm_efficiency: float | None = None,
              causal: bool = True, attention: str = "flash", hbm_efficiency: float | None = None,
              mlp: str = "swiglu", rope: bool = True, grad_overlap: bool = True) -> LayoutPlan:
-    """Memory, collectives and estimated time of one layout (`attention`: "flash" keeps the scores on chip,
-    "eager" writes them to HBM; `mlp`, `rope`, `grad_overlap`: see :func:`timing.step_time`)."""
+    """Memory, collectives and estimated time of one layout (`attention`: :data:`timing.SCORE_PASSES`, "flash"
+    keeps the scores on chip, "eager" writes them to HBM; `mlp`, `rope`, `grad_overlap`: see
+    :func:`timing.step_time`)."""
     prec = get_precision(precision)
     kv_replicas = m.kv_replication(layout.tp)
     m = m.replicated(layout.tp)  # what the TP group stores and computes: KV heads replicated when TP exceeds them

@@ -56,11 +56,18 @@ COMPUTE_EFFICIENCY = 0.39  # share of the tensor engine's dense peak the matmuls
 HBM_EFFICIENCY = 0.75  # share of the HBM bandwidth the memory-bound passes (norms, activations, optimizer) attain
 COMM_EFFICIENCY = 0.70  # share of the link bandwidth a ring collective attains
 AUTOCAST = ("matmult", "none")
-# Eager attention's passes over the scores (heads x S per token), as Transformers' eager path runs them: written by
-# the QK matmul, scaled (read, write), masked (read, write), softmax (read, write), dropout (read, mask written,
-# output written), read by the PV matmul
-EAGER_SCORE_PASSES = 11
-ATTENTION = ("flash", "eager")
+# Passes over the attention scores (heads x S per token) by attention path. "flash": a kernel keeps them on chip (none).
+# "eager": materialised in HBM with attention dropout, as Transformers' eager path runs BERT (dropout 0.1): written by
+# the QK matmul, scaled (read, write), masked (read, write), softmax (read, write), dropout (read, mask written, output
+# written), read by the PV matmul. NeMo's core attention (neuronx-nemo-megatron's CoreAttention, its only path before
+# SDK 2.19 and its default after) makes the same passes: baddbmm writes them scaled by 1/sqrt(head_dim), apex's
+# FusedScaleMaskSoftmax, unfused on Neuron, multiplies by the layer-number coefficient (apply_query_key_layer_scaling),
+# masks and takes the softmax, then dropout and the PV bmm. "eager_no_dropout": the same without the dropout's three
+# (attention dropout 0, as in NeMo's Llama recipe: ATen's dropout returns its input at p=0). "fused": the same graph
+# with every pass kept on chip by the compiler (a row of scores fits in SBUF); no published source says neuronx-cc
+# does this, and the calibration reports it only as a sensitivity. Only "flash" skips a causal mask's upper half
+SCORE_PASSES = {"flash": 0, "eager": 11, "eager_no_dropout": 8, "fused": 0}
+ATTENTION = tuple(SCORE_PASSES)
 # Clipping the gradients by their global norm before the update: the norm reads every gradient, the scaling reads and
 # writes it. Every recipe calibrated here clips (the Hugging Face BERT script's clip_grad_norm_(..., 1.0), NxD's and
 # NeMo's max-norm 1.0), as does Transformers' Trainer by default (max_grad_norm=1.0)
@@ -153,8 +160,8 @@ def vector_bytes(m: ModelSpec, layout: Layout, prec: Precision, micro_batch: int
     softmax's FP32 intermediates stay on chip, in the compiler's fused kernel). Per decoder layer, forward: two
     norms (read, write), two residual adds (two reads, one write), the activation (``ACTIVATION_PASSES[mlp]``:
     SwiGLU's silu of the gate and its product with up, five MLP-wide passes; GELU three), RoPE on q and k (read,
-    write, cos/sin; none with `rope` False: learned absolute positions are added once, with the embedding), and with
-    ``attention="eager"`` the materialised scores (``EAGER_SCORE_PASSES`` over them; a flash kernel keeps them on
+    write, cos/sin; none with `rope` False: learned absolute positions are added once, with the embedding), and
+    the attention scores (``SCORE_PASSES[attention]`` over them: none with a flash kernel, which keeps them on
     chip). Backward moves twice the forward's bytes (the incoming gradient and the saved input read, the outgoing
     gradient written), full recomputation one forward more. H-wide passes are split over TP under sequence
     parallelism; the loss upcasts the vocabulary-wide logits (last stage).
@@ -172,7 +179,7 @@ def vector_bytes(m: ModelSpec, layout: Layout, prec: Precision, micro_batch: int
         "residual": 2 * h_tokens * m.hidden * 3 * x,
         "activation": tokens * width * ACTIVATION_PASSES[mlp] * x,
         "rope": tokens * (q + kv) * 3 * x if rope else 0.0,
-        "softmax": tokens * (m.heads / tp) * seq_len * EAGER_SCORE_PASSES * x if attention == "eager" else 0.0,
+        "softmax": tokens * (m.heads / tp) * seq_len * SCORE_PASSES[attention] * x,
     }
     factor = passes(checkpointing) * stage_layers(m.layers, layout.pp, stage)
     out = {k: v * factor for k, v in fwd.items()}
@@ -197,7 +204,7 @@ def cast_bytes(m: ModelSpec, layout: Layout, micro_batch: int, seq_len: int, che
     h = m.hidden / tp if sp and tp > 1 else m.hidden
     q, kv = m.heads * m.head_dim / tp, m.kv_heads * m.head_dim / tp
     width = (m.expert_intermediate * m.experts_per_token if m.experts else m.intermediate) / tp
-    scores = (m.heads / tp) * seq_len if attention == "eager" else 0.0
+    scores = (m.heads / tp) * seq_len if attention != "flash" else 0.0
     forward = 3 * h + width + q + 2 * kv + scores
     backward = (q + 2 * kv) + 2 * h + 2 * width + q + scores
     recompute = 1.0 if checkpointing == "full" else 0.0
@@ -245,7 +252,9 @@ def stage_classes(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, m
     BF16, so the bandwidth term is the larger)."""
     tokens = micro_batch * seq_len
     layers = stage_layers(m.layers, layout.pp, stage)
-    fwd = layers * layer_flops_per_token(m, seq_len, causal) + (2 * m.vocab * m.hidden if stage == layout.pp - 1 else 0)
+    # only a flash kernel skips a causal mask's upper half: materialised scores are computed whole, then masked
+    skip = causal and attention == "flash"
+    fwd = layers * layer_flops_per_token(m, seq_len, skip) + (2 * m.vocab * m.hidden if stage == layout.pp - 1 else 0)
     flops = tokens * fwd * passes(checkpointing) / layout.tp
     hbm = hbm_per_core(hw)
     params = layers * m.layer_params + (m.embedding_params if stage == layout.pp - 1 else 0)
