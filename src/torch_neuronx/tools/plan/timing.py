@@ -60,13 +60,17 @@ AUTOCAST = ("matmult", "none")
 # "eager": materialised in HBM with attention dropout, as Transformers' eager path runs BERT (dropout 0.1): written by
 # the QK matmul, scaled (read, write), masked (read, write), softmax (read, write), dropout (read, mask written, output
 # written), read by the PV matmul. NeMo's core attention (neuronx-nemo-megatron's CoreAttention, its only path before
-# SDK 2.19 and its default after) makes the same passes: baddbmm writes them scaled by 1/sqrt(head_dim), apex's
-# FusedScaleMaskSoftmax, unfused on Neuron, multiplies by the layer-number coefficient (apply_query_key_layer_scaling),
-# masks and takes the softmax, then dropout and the PV bmm. "eager_no_dropout": the same without the dropout's three
-# (attention dropout 0, as in NeMo's Llama recipe: ATen's dropout returns its input at p=0). "fused": the same graph
-# with every pass kept on chip by the compiler (a row of scores fits in SBUF); no published source says neuronx-cc
-# does this, and the calibration reports it only as a sensitivity. Only "flash" skips a causal mask's upper half
-SCORE_PASSES = {"flash": 0, "eager": 11, "eager_no_dropout": 8, "fused": 0}
+# SDK 2.19 and its default after) makes the same passes: baddbmm writes them scaled by its alpha (1/(sqrt(head_dim) x
+# layer number) with apply_query_key_layer_scaling), apex's FusedScaleMaskSoftmax, unfused on Neuron, multiplies by the
+# layer-number coefficient again (read, write), masks and takes the softmax, then dropout and the PV bmm.
+# "eager_no_dropout": the same without the dropout's three (attention dropout 0, as in NeMo's Llama recipe: ATen's
+# dropout returns its input at p=0).
+# "eager_no_scale_no_dropout": also without the coefficient's two (apply_query_key_layer_scaling False, as NeMo's SDK
+# 2.14 Llama2-13B recipe sets).
+# "fused": the same graph with every pass kept on chip by the compiler (a row of scores fits in SBUF); no published
+# source says neuronx-cc does this, and the calibration reports it only as a sensitivity. Only "flash" skips a causal
+# mask's upper half
+SCORE_PASSES = {"flash": 0, "eager": 11, "eager_no_dropout": 8, "eager_no_scale_no_dropout": 6, "fused": 0}
 ATTENTION = tuple(SCORE_PASSES)
 # Clipping the gradients by their global norm before the update: the norm reads every gradient, the scaling reads and
 # writes it. Every recipe calibrated here clips (the Hugging Face BERT script's clip_grad_norm_(..., 1.0), NxD's and
@@ -111,6 +115,15 @@ def layer_flops_per_token(m: ModelSpec, seq_len: int, causal: bool = True) -> fl
 def passes(checkpointing: str) -> float:
     """Forward + backward = 3 forwards; +1 forward when every layer is recomputed."""
     return {"none": 3.0, "selective": 3.0, "full": 4.0}[checkpointing]
+
+
+def attention_passes(checkpointing: str, attention: str) -> float:
+    """:func:`passes` for attention's core (QK, the score passes, PV): selective checkpointing recomputes it in the
+    backward (Megatron's core-attention recompute), +1 forward where the scores are materialised; a flash kernel's
+    backward recomputes them on chip, inside the three."""
+    if attention not in SCORE_PASSES:
+        raise ValueError(f"attention {attention!r} is not one of {', '.join(SCORE_PASSES)} (timing.SCORE_PASSES)")
+    return passes(checkpointing) + (1.0 if checkpointing == "selective" and attention != "flash" else 0.0)
 
 
 def flops_per_token(m: ModelSpec, seq_len: int, checkpointing: str, causal: bool = True) -> float:
@@ -179,10 +192,11 @@ def vector_bytes(m: ModelSpec, layout: Layout, prec: Precision, micro_batch: int
         "residual": 2 * h_tokens * m.hidden * 3 * x,
         "activation": tokens * width * ACTIVATION_PASSES[mlp] * x,
         "rope": tokens * (q + kv) * 3 * x if rope else 0.0,
-        "softmax": tokens * (m.heads / tp) * seq_len * SCORE_PASSES[attention] * x,
     }
-    factor = passes(checkpointing) * stage_layers(m.layers, layout.pp, stage)
-    out = {k: v * factor for k, v in fwd.items()}
+    layers = stage_layers(m.layers, layout.pp, stage)
+    out = {k: v * passes(checkpointing) * layers for k, v in fwd.items()}
+    core = attention_passes(checkpointing, attention)  # refuses an unknown path
+    out["softmax"] = tokens * (m.heads / tp) * seq_len * SCORE_PASSES[attention] * x * core * layers
     if prec.compute == 4 and autocast == "matmult":
         out["autocast"] = cast_bytes(m, layout, micro_batch, seq_len, checkpointing, stage, sp, attention)
     if stage == layout.pp - 1:  # cross-entropy: the logits read and upcast, softmax and its gradient in FP32
@@ -204,12 +218,13 @@ def cast_bytes(m: ModelSpec, layout: Layout, micro_batch: int, seq_len: int, che
     h = m.hidden / tp if sp and tp > 1 else m.hidden
     q, kv = m.heads * m.head_dim / tp, m.kv_heads * m.head_dim / tp
     width = (m.expert_intermediate * m.experts_per_token if m.experts else m.intermediate) / tp
-    scores = (m.heads / tp) * seq_len if attention != "flash" else 0.0
+    scores = (m.heads / tp) * seq_len if SCORE_PASSES[attention] else 0.0
     forward = 3 * h + width + q + 2 * kv + scores
     backward = (q + 2 * kv) + 2 * h + 2 * width + q + scores
     recompute = 1.0 if checkpointing == "full" else 0.0
+    core = scores * (attention_passes(checkpointing, attention) - passes(checkpointing))  # selective's recompute
     layers = stage_layers(m.layers, layout.pp, stage)
-    elements = layers * tokens * ((1 + recompute) * forward + backward) + layers * m.layer_params / tp
+    elements = layers * tokens * ((1 + recompute) * forward + backward + core) + layers * m.layer_params / tp
     return elements * (4 + 2)
 
 
@@ -255,7 +270,9 @@ def stage_classes(m: ModelSpec, hw: Hardware, layout: Layout, prec: Precision, m
     # only a flash kernel skips a causal mask's upper half: materialised scores are computed whole, then masked
     skip = causal and attention == "flash"
     fwd = layers * layer_flops_per_token(m, seq_len, skip) + (2 * m.vocab * m.hidden if stage == layout.pp - 1 else 0)
-    flops = tokens * fwd * passes(checkpointing) / layout.tp
+    core = layers * (2 if skip else 4) * seq_len * m.heads * m.head_dim  # attention's two matmuls, in `fwd`
+    flops = tokens * (fwd * passes(checkpointing)
+                      + core * (attention_passes(checkpointing, attention) - passes(checkpointing))) / layout.tp
     hbm = hbm_per_core(hw)
     params = layers * m.layer_params + (m.embedding_params if stage == layout.pp - 1 else 0)
     weight_traffic = 3 * params / layout.tp * prec.compute  # weights read in forward and twice in backward
