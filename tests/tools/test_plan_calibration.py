@@ -251,9 +251,18 @@ def test_materialised_scores_cost_their_passes_and_their_whole_square() -> None:
 
     assert selective("eager") - matmul("eager", True) * 3 / 4 == pytest.approx(core)
     assert selective("flash") == pytest.approx(matmul("flash", True) * 3 / 4)
-    # an unknown path is refused, naming the known ones
+    # selective's recomputed core casts q, k, v and the probabilities again (FP32 activations with eager attention)
+    from torch_neuronx.tools.plan.timing import cast_bytes
+    again = 32 * 4096 * (32 * 128 / 8 * 3 + 4 * 4096) * 6
+    assert cast_bytes(m, lay, 1, 4096, "selective", 0, True, "eager") - \
+        cast_bytes(m, lay, 1, 4096, "none", 0, True, "eager") == again
+    # an unknown path or checkpointing is refused, naming the known ones, wherever it enters
     with pytest.raises(ValueError, match="not one of flash, eager"):
         vector_bytes(m, lay, bf16, 1, 4096, "full", 0, attention="sdpa")
+    with pytest.raises(ValueError, match="not one of flash, eager"):
+        cast_bytes(m, lay, 1, 4096, "full", 0, True, "sdpa")
+    with pytest.raises(ValueError, match="not one of none, selective, full"):
+        vector_bytes(m, lay, bf16, 1, 4096, "partial", 0, attention="eager")
 
 
 def test_nemo_rows_materialise_the_scores_and_the_contradicted_node_count_is_corrected() -> None:
@@ -265,7 +274,8 @@ def test_nemo_rows_materialise_the_scores_and_the_contradicted_node_count_is_cor
         expected = ("flash" if r.source != "NeMo" and "BERT" not in r.model else
                     "eager" if r.model.startswith("GPT3") or "BERT" in r.model else
                     # SDK 2.14's Llama2-13B recipe: test_llama_mixed_precision.sh, no query-key layer scaling
-                    "eager_no_scale_no_dropout" if r.sdk == "2.14.0" else "eager_no_dropout")
+                    "eager_no_scale_no_dropout" if r.sdk == "2.14.0" and r.model == "Llama2-13B" else
+                    "eager_no_dropout")
         assert s.attention == expected, r
         # NeMo: BF16 with stochastic rounding but SDK 2.14's mixed-precision Llama2-13B recipe (FP32 main weights);
         # its vocabulary padded to a multiple of 128 x TP (GPT config) or 8 x TP (Llama config)
@@ -279,6 +289,9 @@ def test_nemo_rows_materialise_the_scores_and_the_contradicted_node_count_is_cor
         key = (*cal.config_of(r), r.sdk)
         assert s.nodes == cal.RUN_ON.get(key, r.nodes)
         assert ("planned on 32 nodes, not the page's 16" in e["note"]) == (key in cal.RUN_ON)
+    # SDK 2.14's mixed-precision script is Llama2-13B's only: its llama_7b.sh ran test_llama.sh (the correct twin)
+    seven = next(r for r in cal.ROWS if r.model == "Llama2-7B" and r.source == "NeMo")._replace(sdk="2.14.0")
+    assert (cal.setup(seven).attention, cal.setup(seven).precision) == ("eager_no_dropout", "bf16")
     # the evidence, from the rows themselves: the same code's 2.15 figure on 32 nodes with AWS's MFU, and the highest
     # MFU AWS published; 64 seq/s on 16 nodes would be more than that, on 32 nodes it is 1.07x the 2.15 run
     same_code = next(r for r in cal.ROWS if r.model == "Llama2-13B" and r.source == "NeMo" and r.sdk == "2.15.0")

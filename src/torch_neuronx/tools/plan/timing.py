@@ -112,9 +112,14 @@ def layer_flops_per_token(m: ModelSpec, seq_len: int, causal: bool = True) -> fl
     return 2 * (m.attention_params + mlp) + (2 if causal else 4) * seq_len * m.heads * m.head_dim
 
 
+CHECKPOINTING = {"none": 3.0, "selective": 3.0, "full": 4.0}
+
+
 def passes(checkpointing: str) -> float:
     """Forward + backward = 3 forwards; +1 forward when every layer is recomputed."""
-    return {"none": 3.0, "selective": 3.0, "full": 4.0}[checkpointing]
+    if checkpointing not in CHECKPOINTING:
+        raise ValueError(f"checkpointing {checkpointing!r} is not one of {', '.join(CHECKPOINTING)}")
+    return CHECKPOINTING[checkpointing]
 
 
 def attention_passes(checkpointing: str, attention: str) -> float:
@@ -218,11 +223,12 @@ def cast_bytes(m: ModelSpec, layout: Layout, micro_batch: int, seq_len: int, che
     h = m.hidden / tp if sp and tp > 1 else m.hidden
     q, kv = m.heads * m.head_dim / tp, m.kv_heads * m.head_dim / tp
     width = (m.expert_intermediate * m.experts_per_token if m.experts else m.intermediate) / tp
+    again = attention_passes(checkpointing, attention) - passes(checkpointing)  # selective's recomputed core
     scores = (m.heads / tp) * seq_len if SCORE_PASSES[attention] else 0.0
     forward = 3 * h + width + q + 2 * kv + scores
     backward = (q + 2 * kv) + 2 * h + 2 * width + q + scores
     recompute = 1.0 if checkpointing == "full" else 0.0
-    core = scores * (attention_passes(checkpointing, attention) - passes(checkpointing))  # selective's recompute
+    core = (q + 2 * kv + scores) * again  # the recomputed QK and PV cast q, k, v and the probabilities again
     layers = stage_layers(m.layers, layout.pp, stage)
     elements = layers * tokens * ((1 + recompute) * forward + backward + core) + layers * m.layer_params / tp
     return elements * (4 + 2)
