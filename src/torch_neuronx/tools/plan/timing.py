@@ -112,14 +112,14 @@ def layer_flops_per_token(m: ModelSpec, seq_len: int, causal: bool = True) -> fl
     return 2 * (m.attention_params + mlp) + (2 if causal else 4) * seq_len * m.heads * m.head_dim
 
 
-CHECKPOINTING = {"none": 3.0, "selective": 3.0, "full": 4.0}
+FORWARDS = {"none": 3.0, "selective": 3.0, "full": 4.0}  # forwards per step, by checkpointing
 
 
 def passes(checkpointing: str) -> float:
     """Forward + backward = 3 forwards; +1 forward when every layer is recomputed."""
-    if checkpointing not in CHECKPOINTING:
-        raise ValueError(f"checkpointing {checkpointing!r} is not one of {', '.join(CHECKPOINTING)}")
-    return CHECKPOINTING[checkpointing]
+    if checkpointing not in FORWARDS:
+        raise ValueError(f"checkpointing {checkpointing!r} is not one of {', '.join(FORWARDS)}")
+    return FORWARDS[checkpointing]
 
 
 def attention_passes(checkpointing: str, attention: str) -> float:
