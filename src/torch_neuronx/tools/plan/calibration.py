@@ -658,10 +658,6 @@ def results() -> list[dict[str, Any]]:
     return out
 
 
-def _row_of(entry: dict[str, Any]) -> Row:
-    return ROWS[results().index(entry)]
-
-
 def summary() -> dict[str, Any]:
     """Fitted and held-out rows counted separately: how many within +-25%, how many outside 0.5-2x, the range."""
     out: dict[str, Any] = {"covered": COVERED, "not_covered": NOT_COVERED}
@@ -676,14 +672,14 @@ def summary() -> dict[str, Any]:
                                                "within_25_percent": sum(1 for r in ratios if _within(r))}
     # what the held-out count hangs on: whether NeMo's scores cross HBM (as its PyTorch code writes them, and as BERT's
     # are timed) or the compiler keeps them on chip (timing.SCORE_PASSES "fused"); no published source says which
-    held = [e for e in results() if e["role"] == "held out"]
-    on_chip = [predict(_row_of(e), attention="fused") / e["published"] if e["source"] == "NeMo" else e["ratio"]
-               for e in held]
+    held = [(r, e) for r, e in zip(ROWS, results(), strict=True) if e["role"] == "held out"]
+    on_chip = [predict(r, attention="fused") / r.seq_per_s if r.source == "NeMo" else e["ratio"]  # type: ignore[operator]
+               for r, e in held]
     alt: dict[str, Any] = {"rows": len(on_chip), "within_25_percent": sum(1 for r in on_chip if _within(r)),
                            "outside_half_to_double": sum(1 for r in on_chip if not 0.5 <= r <= 2.0),
                            "min_ratio": min(on_chip), "max_ratio": max(on_chip)}
     for table in ("2.14-2.28", "2.5-2.15"):
-        ratios = [r for r, e in zip(on_chip, held, strict=True) if e["table"] == table]
+        ratios = [ratio for ratio, (_, e) in zip(on_chip, held, strict=True) if e["table"] == table]
         alt[f"tables {table}"] = {"rows": len(ratios), "within_25_percent": sum(1 for r in ratios if _within(r))}
     out["held out"]["NeMo scores kept on chip"] = alt
     loo = [e["leave_one_out"] for e in results() if "leave_one_out" in e]

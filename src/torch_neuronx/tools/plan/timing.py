@@ -71,7 +71,6 @@ AUTOCAST = ("matmult", "none")
 # source says neuronx-cc does this, and the calibration reports it only as a sensitivity. Only "flash" skips a causal
 # mask's upper half
 SCORE_PASSES = {"flash": 0, "eager": 11, "eager_no_dropout": 8, "eager_no_scale_no_dropout": 6, "fused": 0}
-ATTENTION = tuple(SCORE_PASSES)
 # Clipping the gradients by their global norm before the update: the norm reads every gradient, the scaling reads and
 # writes it. Every recipe calibrated here clips (the Hugging Face BERT script's clip_grad_norm_(..., 1.0), NxD's and
 # NeMo's max-norm 1.0), as does Transformers' Trainer by default (max_grad_norm=1.0)
